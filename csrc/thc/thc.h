@@ -1,0 +1,109 @@
+// byteps-thc codec core: the public interface.
+//
+// Plain C++17, no BytePS, no framework. The algorithm, bit for bit, is docs/ALGORITHM.md.
+// Callers (the Python binding, the BytePS compressor and server, the CUDA twins) fill a Config,
+// call Validate() once, and then use Encoder / Aggregator / Decode.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace thc {
+
+enum class Status : int {
+  kOk = 0,
+  kNonFinite = 1,    // NaN or Inf in the input or in max_norm
+  kBadArgument = 2,  // sizes, lengths, counts; see the message
+};
+
+// Everything that defines the code. Workers and the server must agree on all of it.
+struct Config {
+  int bits = 4;                    // b: 1..8
+  uint32_t granularity = 30;       // g: table values in [0, g]
+  double clip = 2.1538746940614564;  // T = Phi^-1(1 - p/2); p = 1/32 by default
+  uint64_t seed = 42;
+  uint64_t rotation_block = 0;     // power of two; 0 = whole (padded) partition
+  std::vector<uint32_t> table;     // 2^bits levels, 0 .. g, strictly increasing
+};
+
+// Empty string when valid, else a message naming the bad field and value.
+std::string Validate(const Config& cfg);
+
+// Geometry of one partition of d elements.
+struct Geometry {
+  size_t d = 0;          // elements in
+  size_t block = 0;      // B (power of two)
+  size_t padded = 0;     // d_pad, a multiple of B
+  size_t payload_bytes = 0;  // ceil(d_pad * bits / 8)
+};
+Geometry MakeGeometry(const Config& cfg, size_t d);
+
+// Bits of one aggregation lane for n workers: 8, 16, 32; 0 if n*g does not fit 32 bits.
+int LaneBits(const Config& cfg, uint32_t num_workers);
+
+// Keys of the counter-based streams (docs/ALGORITHM.md, "Random streams").
+uint64_t SplitMix64(uint64_t x);
+uint32_t Hash32(uint32_t x);
+uint32_t SignKey(uint64_t seed);
+uint32_t RoundKey(uint64_t seed, uint32_t rank, uint64_t step);
+
+// In-place unnormalised Walsh-Hadamard transform of each block of `block` floats in x[0, n).
+void Fwht(float* x, size_t n, size_t block);
+
+// One worker's encoder for one partition. Holds the error-feedback residual and the step.
+class Encoder {
+ public:
+  Encoder(const Config& cfg, size_t d, uint32_t rank, bool error_feedback);
+  ~Encoder();
+  Encoder(const Encoder&) = delete;
+  Encoder& operator=(const Encoder&) = delete;
+
+  const Geometry& geometry() const;
+  // ||grad + residual||_2. kNonFinite if any element is NaN/Inf.
+  Status Norm(const float* grad, double* norm) const;
+  // Writes geometry().payload_bytes bytes. On any error nothing changes.
+  Status Encode(const float* grad, double max_norm, uint8_t* payload);
+  uint64_t step() const;
+  void set_step(uint64_t step);
+  const float* residual() const;  // d floats, or nullptr without error feedback
+  void ResetResidual();
+
+ private:
+  struct Impl;
+  Impl* impl_;
+};
+
+// Sums payloads of n workers into integer lanes (the server's whole job).
+class Aggregator {
+ public:
+  Aggregator(const Config& cfg, size_t d, uint32_t num_workers);
+  ~Aggregator();
+  Aggregator(const Aggregator&) = delete;
+  Aggregator& operator=(const Aggregator&) = delete;
+
+  const Geometry& geometry() const;
+  int lane_bits() const;
+  uint32_t count() const;  // payloads added so far
+  // kBadArgument (with *error set) for a wrong length or an add past num_workers.
+  Status Add(const uint8_t* payload, size_t bytes, std::string* error);
+  const void* sums() const;  // geometry().padded lanes of lane_bits() bits
+  size_t sums_bytes() const;
+  void Reset();
+
+ private:
+  struct Impl;
+  Impl* impl_;
+};
+
+// Decodes the sums of n workers into d floats (the estimate of the mean input).
+Status Decode(const Config& cfg, size_t d, const void* sums, int lane_bits, uint32_t num_workers,
+              double max_norm, float* out);
+
+// The instruction set chosen at run time: "avx512", "avx2" or "portable" (the best this CPU has).
+const char* ActiveIsa();
+// Caps the instruction set (tests and benchmarks compare them). False if the CPU lacks it.
+bool ForceIsa(const std::string& name);
+
+}  // namespace thc
