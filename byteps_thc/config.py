@@ -1,0 +1,214 @@
+"""ThcConfig: the one configuration object of THC.
+
+It validates once, reads the BYTEPS_THC_* environment in one place (`from_env`), serialises once
+for BytePS (`to_kwargs`, which the workers send to the server) and is passed down to every codec.
+Every worker and the server must hold the same configuration; `fingerprint()` is what they compare.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+import os
+from typing import Mapping, Optional
+
+from .tables import _check, clip_threshold, expected_error, solve_table
+
+# Every environment variable THC reads, in one place. `bpslaunch --thc-*` flags set these.
+ENV = {
+    "compressor": "BYTEPS_COMPRESSOR",             # none | thc | fp16 | onebit | ...
+    "bits": "BYTEPS_THC_BITS",
+    "granularity": "BYTEPS_THC_GRANULARITY",
+    "overflow_prob": "BYTEPS_THC_OVERFLOW_PROB",
+    "seed": "BYTEPS_THC_SEED",
+    "rotation_block": "BYTEPS_THC_ROTATION_BLOCK",
+    "error_feedback": "BYTEPS_THC_ERROR_FEEDBACK",
+}
+
+_LANE_MAX = {8: 0xFF, 16: 0xFFFF, 32: 0xFFFFFFFF}
+
+
+@dataclasses.dataclass(frozen=True)
+class ThcConfig:
+    """THC hyper-parameters (spec §1).
+
+    bits:           b, bits per coordinate on the way up (table index), 1..8.
+    granularity:    g, table values are integers in [0, g]; g >= 2^b - 1. The server's sum of n
+                    workers needs n*g to fit its lane (8 bits up to 255, 16 up to 65535, 32 beyond).
+    overflow_prob:  p, two-sided probability mass clipped: T = Phi^-1(1 - p/2).
+    seed:           shared by all workers; drives the rotation signs (nothing is sent).
+    rotation_block: Hadamard block, a power of two; None = the whole (padded) partition.
+    error_feedback: keep each worker's quantisation residual and add it to the next step.
+
+    Tuning: the defaults (4, 30, 1/32) are the paper's. `ThcConfig.for_workers(n)` picks the
+    granularity and clipping with the least error that still fits the downstream lane for n workers.
+    """
+
+    bits: int = 4
+    granularity: int = 30
+    overflow_prob: float = 1.0 / 32
+    seed: int = 42
+    rotation_block: Optional[int] = None
+    error_feedback: bool = True
+
+    def __post_init__(self):
+        _check(self.bits, self.granularity)
+        clip_threshold(self.overflow_prob)  # raises with the value named
+        if not isinstance(self.seed, int) or not 0 <= self.seed < (1 << 64):
+            raise ValueError(f"seed={self.seed!r} must be an integer in [0, 2^64)")
+        rb = self.rotation_block
+        if rb is not None and (not isinstance(rb, int) or rb < 1 or rb & (rb - 1)):
+            raise ValueError(f"rotation_block={rb!r} must be a power of two (e.g. 1024) or None "
+                             "for the whole partition")
+        if not isinstance(self.error_feedback, bool):
+            raise ValueError(f"error_feedback={self.error_feedback!r} must be True or False")
+
+    # -- derived -----------------------------------------------------------------------------
+    @property
+    def levels(self) -> int:
+        return 1 << self.bits
+
+    @property
+    def clip(self) -> float:
+        """T, the clipping threshold in units of a rotated, scaled coordinate."""
+        return clip_threshold(self.overflow_prob)
+
+    @property
+    def table(self) -> tuple:
+        return solve_table(self.bits, self.granularity, self.overflow_prob)
+
+    def lane_bits(self, num_workers: int) -> int:
+        """Bits of one server lane for the sums of `num_workers` workers (8, 16 or 32)."""
+        if not isinstance(num_workers, int) or num_workers < 1:
+            raise ValueError(f"num_workers={num_workers!r} must be a positive integer")
+        need = num_workers * self.granularity
+        for bits in (8, 16, 32):
+            if need <= _LANE_MAX[bits]:
+                return bits
+        raise ValueError(f"{num_workers} workers x granularity {self.granularity} = {need} overflows "
+                         "a 32-bit sum: lower the granularity")
+
+    def expected_error(self) -> dict:
+        """Per-coordinate error (z units, one worker, no EF): rounding + clipping (spec §2)."""
+        return expected_error(self.bits, self.granularity, self.overflow_prob, self.table)
+
+    # -- construction ------------------------------------------------------------------------
+    @classmethod
+    def for_workers(cls, num_workers: int, downstream_bits: int = 8, bits: int = 4,
+                    **kwargs) -> "ThcConfig":
+        """The granularity and clipping with the least error whose sums fit `downstream_bits`.
+
+        g is the largest that keeps n*g within the lane (capped at 64*(2^b - 1), beyond which
+        the error no longer improves measurably); p is chosen on a grid of powers of sqrt(2).
+        """
+        if downstream_bits not in _LANE_MAX:
+            raise ValueError(f"downstream_bits={downstream_bits!r} must be 8, 16 or 32")
+        if not isinstance(num_workers, int) or num_workers < 1:
+            raise ValueError(f"num_workers={num_workers!r} must be a positive integer")
+        levels = 1 << bits
+        g = min(_LANE_MAX[downstream_bits] // num_workers, 64 * (levels - 1))
+        if g < levels - 1:
+            raise ValueError(
+                f"{num_workers} workers cannot share a {downstream_bits}-bit lane at bits={bits} "
+                f"(needs n*(2^bits - 1) = {num_workers * (levels - 1)} <= "
+                f"{_LANE_MAX[downstream_bits]}): use downstream_bits={downstream_bits * 2} or fewer bits")
+        candidates = [2.0 ** (-k / 2.0) for k in range(6, 27)]  # 1/8 .. 1/8192
+        best = min(candidates, key=lambda p: expected_error(bits, g, p)["total"])
+        return cls(bits=bits, granularity=g, overflow_prob=best, **kwargs)
+
+    @classmethod
+    def from_env(cls, environ: Optional[Mapping[str, str]] = None) -> "ThcConfig":
+        """The configuration `bpslaunch --thc-*` set (BYTEPS_THC_*); defaults for what is unset."""
+        env = os.environ if environ is None else environ
+        kw = {}
+        for field, conv in (("bits", int), ("granularity", int), ("overflow_prob", _prob),
+                            ("seed", int), ("rotation_block", _opt_int), ("error_feedback", _bool)):
+            raw = env.get(ENV[field])
+            if raw is None or raw == "":
+                continue
+            try:
+                kw[field] = conv(raw)
+            except ValueError as e:
+                raise ValueError(f"{ENV[field]}={raw!r} is not valid: {e}") from None
+        return cls(**kw)
+
+    def to_env(self) -> dict:
+        """The BYTEPS_THC_* variables that reproduce this configuration (launcher side)."""
+        return {
+            ENV["compressor"]: "thc",
+            ENV["bits"]: str(self.bits),
+            ENV["granularity"]: str(self.granularity),
+            ENV["overflow_prob"]: repr(self.overflow_prob),
+            ENV["seed"]: str(self.seed),
+            ENV["rotation_block"]: str(self.rotation_block or 0),
+            ENV["error_feedback"]: "1" if self.error_feedback else "0",
+        }
+
+    def to_kwargs(self) -> dict:
+        """BytePS compressor kwargs (strings), as the worker declares them and the server reads them.
+
+        The C++ side (csrc/byteps) parses exactly these keys; the table travels solved, so the
+        server needs no solver and validates it instead.
+        """
+        return {
+            "compressor_type": "thc",
+            "thc_bits": str(self.bits),
+            "thc_granularity": str(self.granularity),
+            "thc_overflow_prob": repr(self.overflow_prob),
+            "thc_clip": repr(self.clip),
+            "thc_seed": str(self.seed),
+            "thc_rotation_block": str(self.rotation_block or 0),
+            "thc_table": ",".join(str(v) for v in self.table),
+            "thc_error_feedback": "1" if self.error_feedback else "0",
+        }
+
+    @classmethod
+    def from_kwargs(cls, kwargs: Mapping[str, str]) -> "ThcConfig":
+        if kwargs.get("compressor_type") != "thc":
+            raise ValueError(f"compressor_type={kwargs.get('compressor_type')!r} is not 'thc'")
+        rb = int(kwargs.get("thc_rotation_block", "0"))
+        return cls(bits=int(kwargs["thc_bits"]), granularity=int(kwargs["thc_granularity"]),
+                   overflow_prob=float(kwargs["thc_overflow_prob"]), seed=int(kwargs["thc_seed"]),
+                   rotation_block=rb or None,
+                   error_feedback=kwargs.get("thc_error_feedback", "1") == "1")
+
+    def fingerprint(self) -> int:
+        """64-bit digest of everything workers and server must agree on (EF is per worker)."""
+        kw = self.to_kwargs()
+        kw.pop("thc_error_feedback")
+        text = ";".join(f"{k}={kw[k]}" for k in sorted(kw))
+        return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little")
+
+    def describe(self) -> str:
+        err = self.expected_error()["total"]
+        return (f"THC bits={self.bits} granularity={self.granularity} "
+                f"overflow_prob={self.overflow_prob:.3g} (T={self.clip:.4f}) seed={self.seed} "
+                f"rotation_block={self.rotation_block or 'partition'} "
+                f"error_feedback={'on' if self.error_feedback else 'off'}; "
+                f"table={list(self.table)}; expected error/coordinate={err:.4f}")
+
+
+def _prob(raw: str) -> float:
+    raw = raw.strip()
+    if "/" in raw:
+        num, den = raw.split("/", 1)
+        return float(num) / float(den)
+    return float(raw)
+
+
+def _opt_int(raw: str) -> Optional[int]:
+    v = int(raw)
+    return v or None
+
+
+def _bool(raw: str) -> bool:
+    low = raw.strip().lower()
+    if low in ("1", "true", "yes", "on"):
+        return True
+    if low in ("0", "false", "no", "off"):
+        return False
+    raise ValueError("use 1/0, true/false, yes/no or on/off")
+
+
+def next_pow2(n: int) -> int:
+    return 1 if n <= 1 else 1 << math.ceil(math.log2(n))

@@ -1,0 +1,222 @@
+"""The THC codec in plain NumPy, written to be read: docs/ALGORITHM.md, step by step.
+
+This is the ground truth. Every kernel (CPU SIMD, CUDA) is tested against it, bit for bit where
+the arithmetic allows. Every float operation here is a binary32 operation (NumPy float32 arrays
+times float32 scalars), in the order the contract gives; constants are computed in binary64 and
+rounded once. It is slow on purpose: no fusion, no cleverness.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from .config import ThcConfig, next_pow2
+
+M64 = (1 << 64) - 1
+M32 = (1 << 32) - 1
+F32 = np.float32
+
+
+# -- random streams ------------------------------------------------------------------------------
+def splitmix64(x: int) -> int:
+    z = (x + 0x9E3779B97F4A7C15) & M64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & M64
+    return z ^ (z >> 31)
+
+
+def hash32(x: np.ndarray) -> np.ndarray:
+    """lowbias32 on a uint32 array (wrapping arithmetic)."""
+    x = np.asarray(x, dtype=np.uint32).copy()
+    x ^= x >> np.uint32(16)
+    x *= np.uint32(0x7FEB352D)
+    x ^= x >> np.uint32(15)
+    x *= np.uint32(0x846CA68B)
+    x ^= x >> np.uint32(16)
+    return x
+
+
+def sign_key(seed: int) -> int:
+    return splitmix64(seed) & M32
+
+
+def round_key(seed: int, rank: int, step: int) -> int:
+    return splitmix64(splitmix64(seed ^ 0x5448435F524E4421) ^ splitmix64(((rank << 40) ^ step) & M64)) & M32
+
+
+def sign_bits(seed: int, n: int) -> np.ndarray:
+    """neg_j in {0, 1} for j < n: 1 where coordinate j has its sign flipped."""
+    j = np.arange(n, dtype=np.uint64)
+    words = hash32((np.uint32(sign_key(seed)) ^ (j >> np.uint64(5)).astype(np.uint32)))
+    return ((words >> (j & np.uint64(31)).astype(np.uint32)) & np.uint32(1)).astype(np.uint32)
+
+
+def uniforms(seed: int, rank: int, step: int, n: int) -> np.ndarray:
+    """u_j in [0, 1) for j < n, exact binary32 multiples of 2^-24."""
+    j = np.arange(n, dtype=np.uint64).astype(np.uint32)
+    h = hash32(np.uint32(round_key(seed, rank, step)) ^ j)
+    return (h >> np.uint32(8)).astype(F32) * F32(2.0 ** -24)
+
+
+def apply_signs(v: np.ndarray, neg: np.ndarray) -> np.ndarray:
+    """Flip the sign bit where neg = 1 (exact, zeros included)."""
+    bits = np.ascontiguousarray(v, dtype=F32).view(np.uint32) ^ (neg.astype(np.uint32) << np.uint32(31))
+    return bits.view(F32)
+
+
+# -- transform -----------------------------------------------------------------------------------
+def fwht(v: np.ndarray, block: int) -> np.ndarray:
+    """Unnormalised Walsh-Hadamard transform of each block; stages h = 1, 2, 4, ... in order."""
+    v = np.array(v, dtype=F32)
+    n = v.size
+    assert n % block == 0 and block & (block - 1) == 0
+    h = 1
+    while h < block:
+        w = v.reshape(-1, 2, h)
+        a = w[:, 0, :].copy()
+        b = w[:, 1, :]
+        w[:, 0, :] = a + b
+        w[:, 1, :] = a - b
+        h *= 2
+    return v
+
+
+# -- geometry ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Geometry:
+    d: int
+    block: int
+    padded: int
+    payload_bytes: int
+
+
+def geometry(cfg: ThcConfig, d: int) -> Geometry:
+    if not isinstance(d, (int, np.integer)) or d < 1:
+        raise ValueError(f"size={d!r}: a partition needs at least one element")
+    whole = next_pow2(int(d))
+    block = min(cfg.rotation_block or whole, whole)
+    padded = -(-int(d) // block) * block
+    return Geometry(int(d), block, padded, -(-padded * cfg.bits // 8))
+
+
+def lane_dtype(cfg: ThcConfig, num_workers: int):
+    return {8: np.uint8, 16: np.uint16, 32: np.uint32}[cfg.lane_bits(num_workers)]
+
+
+def _tables(cfg: ThcConfig):
+    tbl = np.array(cfg.table, dtype=np.int64)
+    k = np.arange(cfg.granularity + 1)
+    lvl = np.searchsorted(tbl, k, side="right") - 1       # largest i with TBL[i] <= k
+    ig = np.array([1.0 / (tbl[i + 1] - tbl[i]) for i in range(tbl.size - 1)], dtype=np.float64).astype(F32)
+    return tbl, lvl, ig
+
+
+# -- packing -------------------------------------------------------------------------------------
+def pack(indices: np.ndarray, bits: int) -> np.ndarray:
+    """LSB-first bit stream: index j occupies bits [j*bits, j*bits + bits)."""
+    idx = np.asarray(indices, dtype=np.uint8)
+    bitplanes = ((idx[:, None] >> np.arange(bits, dtype=np.uint8)) & 1).astype(np.uint8).reshape(-1)
+    return np.packbits(bitplanes, bitorder="little")
+
+
+def unpack(payload: np.ndarray, bits: int, n: int) -> np.ndarray:
+    stream = np.unpackbits(np.asarray(payload, dtype=np.uint8), bitorder="little")[: n * bits]
+    planes = stream.reshape(n, bits).astype(np.uint8)
+    return (planes << np.arange(bits, dtype=np.uint8)).sum(axis=1).astype(np.uint8)
+
+
+# -- the codec -----------------------------------------------------------------------------------
+def _padded_input(cfg, grad, residual, geo):
+    x = np.zeros(geo.padded, dtype=F32)
+    x[: geo.d] = np.asarray(grad, dtype=F32)
+    if residual is not None:
+        x[: geo.d] = x[: geo.d] + np.asarray(residual, dtype=F32)
+    return x
+
+
+def norm(grad, residual=None) -> float:
+    x = np.asarray(grad, dtype=F32)
+    if residual is not None:
+        x = x + np.asarray(residual, dtype=F32)
+    if not np.all(np.isfinite(x)):
+        raise ValueError("gradient contains NaN or Inf")
+    return math.sqrt(float(np.dot(x.astype(np.float64), x.astype(np.float64))))
+
+
+def encode(cfg: ThcConfig, grad, max_norm: float, rank: int, step: int, residual=None):
+    """One worker's encode. Returns (payload uint8, new residual or None, indices uint8)."""
+    grad = np.asarray(grad)
+    geo = geometry(cfg, grad.size)
+    x = _padded_input(cfg, grad, residual, geo)
+    if not np.all(np.isfinite(x)):
+        raise ValueError("gradient contains NaN or Inf")
+    if not math.isfinite(max_norm) or max_norm < 0:
+        raise ValueError(f"max_norm={max_norm!r} must be finite and >= 0")
+    ef = residual is not None
+    if max_norm == 0:
+        q = np.zeros(geo.padded, dtype=np.uint8)
+        return pack(q, cfg.bits), (x[: geo.d].copy() if ef else None), q
+    g, T, B, dp = cfg.granularity, cfg.clip, geo.block, geo.padded
+    neg = sign_bits(cfg.seed, dp)
+    y = fwht(apply_signs(x, neg), B)
+    c1 = F32(g / (2.0 * T) * math.sqrt(dp) / max_norm / math.sqrt(B))
+    c0 = F32(g / 2.0)
+    t = y * c1 + c0
+    t = np.minimum(np.maximum(t, F32(0)), F32(g))
+    tbl, lvl, ig = _tables(cfg)
+    i = np.minimum(lvl[t.astype(np.int64)], tbl.size - 2)
+    p = (t - tbl[i].astype(F32)) * ig[i]
+    u = uniforms(cfg.seed, rank, step, dp)
+    q = (i + (u < p)).astype(np.uint8)
+    new_res = None
+    if ef:
+        k1 = F32(2.0 * T / g * max_norm / math.sqrt(dp) * math.sqrt(B))
+        k0 = F32(-T * max_norm / math.sqrt(dp) * math.sqrt(B))
+        e = y - (tbl[q].astype(F32) * k1 + k0)
+        w = fwht(e, B)
+        new_res = apply_signs(w * F32(1.0 / B), neg)[: geo.d].copy()
+    return pack(q, cfg.bits), new_res, q
+
+
+def aggregate(cfg: ThcConfig, payloads, d: int, num_workers: int) -> np.ndarray:
+    """S_j = sum over workers of TBL[index]: what the server computes."""
+    geo = geometry(cfg, d)
+    dtype = lane_dtype(cfg, num_workers)
+    if len(payloads) > num_workers:
+        raise ValueError(f"{len(payloads)} payloads for num_workers={num_workers}")
+    tbl = np.array(cfg.table, dtype=np.uint64)
+    s = np.zeros(geo.padded, dtype=np.uint64)
+    for p in payloads:
+        p = np.asarray(p, dtype=np.uint8)
+        if p.size != geo.payload_bytes:
+            raise ValueError(f"payload of {p.size} bytes; expected {geo.payload_bytes}")
+        s += tbl[unpack(p, cfg.bits, geo.padded)]
+    return s.astype(dtype)
+
+
+def decode(cfg: ThcConfig, sums, d: int, num_workers: int, max_norm: float) -> np.ndarray:
+    """Every worker's estimate of the mean input from the server's sums."""
+    geo = geometry(cfg, d)
+    if max_norm == 0:
+        return np.zeros(d, dtype=F32)
+    g, T, B, dp, n = cfg.granularity, cfg.clip, geo.block, geo.padded, num_workers
+    m1 = F32(2.0 * T / g / n * max_norm / math.sqrt(dp) / math.sqrt(B))
+    m0 = F32(-T * max_norm / math.sqrt(dp) / math.sqrt(B))
+    z = np.asarray(sums).astype(F32) * m1 + m0
+    w = fwht(z, B)
+    return apply_signs(w, sign_bits(cfg.seed, dp))[:d].copy()
+
+
+def simulate_round(cfg: ThcConfig, grads, rank_offset: int = 0, step: int = 0, residuals=None):
+    """One full THC round for n workers: norm round, encodes, aggregate, decode.
+
+    Returns (estimate of the mean, new residuals). Used by tests and the demo.
+    """
+    n = len(grads)
+    res = residuals if residuals is not None else [None] * n
+    m = max(norm(gr, r) for gr, r in zip(grads, res))
+    out = [encode(cfg, gr, m, rank_offset + i, step, r) for i, (gr, r) in enumerate(zip(grads, res))]
+    sums = aggregate(cfg, [o[0] for o in out], len(grads[0]), n)
+    return decode(cfg, sums, len(grads[0]), n, m), [o[1] for o in out]

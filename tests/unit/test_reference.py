@@ -1,0 +1,152 @@
+"""The NumPy reference against the mathematics: the figures every kernel is then held to."""
+import math
+
+import numpy as np
+import pytest
+
+from byteps_thc import ThcConfig
+from byteps_thc import reference as R
+
+
+def test_hadamard_is_its_own_inverse_up_to_B():
+    rng = np.random.default_rng(0)
+    for block in (1, 2, 8, 1024):
+        x = rng.standard_normal(4 * block).astype(np.float32)
+        y = R.fwht(R.fwht(x, block), block) / block
+        np.testing.assert_allclose(y, x, atol=1e-5 * math.log2(2 * block))
+
+
+def test_hadamard_matches_the_matrix():
+    h = np.array([[1.0]])
+    for _ in range(4):
+        h = np.block([[h, h], [h, -h]])
+    x = np.random.default_rng(1).standard_normal(16).astype(np.float32)
+    np.testing.assert_allclose(R.fwht(x, 16), h @ x, rtol=1e-5, atol=1e-5)
+
+
+def test_random_streams_are_fixed_and_balanced():
+    # pinned values: the definition must never drift (payloads are compared across builds)
+    assert R.splitmix64(0) == 0xE220A8397B1DCDAF
+    assert int(R.hash32(np.uint32(1))) == int(R.hash32(np.array([1], np.uint32))[0])
+    s = R.sign_bits(42, 1 << 16)
+    assert abs(s.mean() - 0.5) < 4 * 0.5 / math.sqrt(s.size)
+    u = R.uniforms(42, 0, 0, 1 << 16)
+    assert abs(u.mean() - 0.5) < 4 * math.sqrt(1 / 12 / u.size)
+    assert not np.array_equal(u, R.uniforms(42, 1, 0, 1 << 16))
+    assert not np.array_equal(u, R.uniforms(42, 0, 1, 1 << 16))
+
+
+@pytest.mark.parametrize("bits", [1, 2, 3, 4, 5, 7, 8])
+def test_pack_round_trip(bits):
+    idx = np.random.default_rng(bits).integers(0, 1 << bits, 1001).astype(np.uint8)
+    p = R.pack(idx, bits)
+    assert p.size == -(-1001 * bits // 8)
+    np.testing.assert_array_equal(R.unpack(p, bits, 1001), idx)
+
+
+def test_geometry():
+    c = ThcConfig()
+    assert R.geometry(c, 1) == R.Geometry(1, 1, 1, 1)
+    assert R.geometry(c, 1000).padded == 1024
+    c2 = ThcConfig(rotation_block=1024)
+    g = R.geometry(c2, (1 << 20) + 5)
+    assert (g.block, g.padded, g.payload_bytes) == (1024, (1 << 20) + 1024, ((1 << 20) + 1024) // 2)
+
+
+# spec §4: NMSE, d = 2^20, 1024-wide blocks, b=4, g=30, p=1/32, no EF; +-5%
+SPEC_NMSE = {"normal": [0.0204, 0.0102, 0.0051, 0.0025], "lognormal": [0.0210, 0.0108, 0.0057, 0.0032]}
+
+
+@pytest.mark.parametrize("dist", ["normal", "lognormal"])
+def test_nmse_matches_the_spec(dist):
+    cfg = ThcConfig(rotation_block=1024, error_feedback=False)
+    d = 1 << 20
+    for n, expected in zip((1, 2, 4, 8), SPEC_NMSE[dist]):
+        rng = np.random.default_rng(100 + n)
+        gs = [(rng.standard_normal(d) if dist == "normal" else rng.lognormal(0, 1, d)).astype(np.float32)
+              for _ in range(n)]
+        mean = np.mean(np.stack(gs).astype(np.float64), axis=0)
+        est, _ = R.simulate_round(cfg, gs)
+        nmse = np.sum((est - mean) ** 2) / np.mean([np.sum(g.astype(np.float64) ** 2) for g in gs])
+        assert nmse == pytest.approx(expected, rel=0.05), (n, nmse)
+
+
+def _clipped_target(cfg, x, m):
+    """The value THC is unbiased for: the input with its rotated coordinates clipped to [-T, T]."""
+    geo = R.geometry(cfg, x.size)
+    neg = R.sign_bits(cfg.seed, geo.padded)
+    v = np.zeros(geo.padded)
+    v[: x.size] = x
+    v = np.where(neg == 1, -v, v)
+    hb = geo.block
+    y = R.fwht(v.astype(np.float32), hb).astype(np.float64) / math.sqrt(hb)
+    scale = math.sqrt(geo.padded) / m
+    yc = np.clip(y * scale, -cfg.clip, cfg.clip) / scale
+    back = R.fwht(yc.astype(np.float32), hb).astype(np.float64) / math.sqrt(hb)
+    return np.where(neg == 1, -back, back)[: x.size]
+
+
+def test_unbiased_including_clipping():
+    """Mean of K independent encodes -> the clipped input, within a bound from the variance."""
+    cfg = ThcConfig(error_feedback=False)
+    d, K = 1024, 1500
+    rng = np.random.default_rng(7)
+    # half Gaussian noise, half a vector whose rotation is a spike (so clipping is active)
+    spike = np.zeros(d, np.float32)
+    spike[3] = 40.0
+    neg = R.sign_bits(cfg.seed, d)
+    x = rng.standard_normal(d).astype(np.float32) + R.apply_signs(R.fwht(spike, d) / np.float32(math.sqrt(d)), neg)
+    m = R.norm(x)
+    target = _clipped_target(cfg, x, m)
+    assert np.max(np.abs(target - x)) > 0.5  # clipping really happened
+    acc = np.zeros(d)
+    for step in range(K):
+        p, _, _ = R.encode(cfg, x, m, 0, step)
+        acc += R.decode(cfg, R.aggregate(cfg, [p], d, 1), d, 1, m)
+    avg = acc / K
+    # per-coordinate variance of one decode <= s^2 * maxgap^2 / 4 (rotation spreads it evenly)
+    s = (2 * cfg.clip / cfg.granularity) * m / math.sqrt(d)
+    maxgap = max(b - a for a, b in zip(cfg.table, cfg.table[1:]))
+    sigma = s * maxgap / 2 / math.sqrt(K)
+    z = (avg - target) / sigma
+    assert np.max(np.abs(z)) < 5.5
+    assert np.mean(z ** 2) < 1.2  # a bias of even 0.3 sigma per coordinate would fail this
+
+
+def test_homomorphism():
+    """decode(sum of encodes) == mean of per-worker decodes; the sums are exact integers."""
+    cfg = ThcConfig()
+    d, n = 3000, 5
+    rng = np.random.default_rng(3)
+    xs = [rng.standard_normal(d).astype(np.float32) * (i + 1) for i in range(n)]
+    m = max(R.norm(x) for x in xs)
+    encs = [R.encode(cfg, x, m, i, 0) for i, x in enumerate(xs)]
+    sums = R.aggregate(cfg, [e[0] for e in encs], d, n)
+    tbl = np.array(cfg.table)
+    np.testing.assert_array_equal(sums.astype(np.int64), np.sum([tbl[e[2]] for e in encs], axis=0))
+    joint = R.decode(cfg, sums, d, n, m)
+    singles = np.mean([R.decode(cfg, R.aggregate(cfg, [e[0]], d, 1), d, 1, m) for e in encs], axis=0)
+    np.testing.assert_allclose(joint, singles, rtol=0, atol=1e-5 * m / math.sqrt(d) * 30)
+
+
+def test_error_feedback_carries_the_error():
+    cfg = ThcConfig()
+    x = np.random.default_rng(4).standard_normal(500).astype(np.float32)
+    m = R.norm(x)
+    p, res, _ = R.encode(cfg, x, m, 0, 0, np.zeros_like(x))
+    own = R.decode(cfg, R.aggregate(cfg, [p], 500, 1), 500, 1, m)
+    np.testing.assert_allclose(own + res, x, atol=1e-5)
+
+
+def test_zero_norm_and_bad_input():
+    cfg = ThcConfig()
+    x = np.zeros(10, np.float32)
+    p, res, q = R.encode(cfg, x, 0.0, 0, 0, np.zeros(10, np.float32))
+    assert not q.any() and not res.any()
+    assert not R.decode(cfg, R.aggregate(cfg, [p], 10, 1), 10, 1, 0.0).any()
+    with pytest.raises(ValueError, match="NaN or Inf"):
+        R.encode(cfg, np.array([1.0, np.nan], np.float32), 1.0, 0, 0)
+    with pytest.raises(ValueError, match="max_norm=inf"):
+        R.encode(cfg, np.ones(4, np.float32), math.inf, 0, 0)
+    with pytest.raises(ValueError, match="expected 8"):
+        R.aggregate(cfg, [np.zeros(7, np.uint8)], 16, 1)
