@@ -106,5 +106,6 @@ setup(
     install_requires=["numpy"],
     ext_modules=[extension()],
     cmdclass={"build_ext": BuildExt},
-    entry_points={"console_scripts": ["bpslaunch-thc=byteps_thc.launch:main"]},
+    entry_points={"console_scripts": ["bpslaunch=byteps_thc.launch:main",
+                                    "bpslaunch-thc=byteps_thc.launch:main"]},
 )
