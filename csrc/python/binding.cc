@@ -1,0 +1,327 @@
+// byteps-thc: the Python binding of the codec core (module byteps_thc._C).
+//
+// Thin on purpose: argument checks, NumPy buffers (1-D, C-contiguous, exact dtype: conversions
+// are byteps_thc/codec.py's job), the GIL released around every kernel, core errors turned into
+// ValueError with the core's message. The math is all in csrc/thc.
+//
+// CUDA: a build with THC_WITH_CUDA defined links csrc/python/binding_cuda.cc, whose
+// thc_python::RegisterCuda(module) adds the device functions to this same module (it can take
+// `const thc::Config&` arguments: the Config class is registered here). `_C.with_cuda` tells
+// Python which build it has.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstring>
+#include <memory>
+#include <sstream>
+#include <string>
+
+#include "thc/thc.h"
+
+namespace py = pybind11;
+
+#ifdef THC_WITH_CUDA
+namespace thc_python {
+void RegisterCuda(py::module_& m);  // csrc/python/binding_cuda.cc
+}  // namespace thc_python
+#endif
+
+namespace {
+
+[[noreturn]] void Fail(const std::string& msg) { throw py::value_error(msg); }
+
+void CheckConfig(const thc::Config& cfg) {
+  const std::string err = thc::Validate(cfg);
+  if (!err.empty()) Fail("invalid THC configuration: " + err);
+}
+
+// A 1-D C-contiguous array of exactly dtype T.
+template <class T>
+py::array_t<T> Vector(const py::handle& obj, const char* what, size_t expect = 0,
+                      bool check_len = false) {
+  if (!py::isinstance<py::array>(obj)) {
+    std::ostringstream m;
+    m << what << " must be a NumPy array, got " << std::string(py::str(py::type::of(obj)));
+    Fail(m.str());
+  }
+  py::array a = py::reinterpret_borrow<py::array>(obj);
+  if (!a.dtype().is(py::dtype::of<T>())) {
+    std::ostringstream m;
+    m << what << " must have dtype " << std::string(py::str(py::dtype::of<T>())) << ", got "
+      << std::string(py::str(a.dtype()));
+    Fail(m.str());
+  }
+  if (a.ndim() != 1) {
+    std::ostringstream m;
+    m << what << " must be 1-D, got " << a.ndim() << " dimensions";
+    Fail(m.str());
+  }
+  if (!(a.flags() & py::array::c_style)) Fail(std::string(what) + " must be contiguous");
+  if (check_len && (size_t)a.size() != expect) {
+    std::ostringstream m;
+    m << what << " has " << a.size() << " elements, expected " << expect;
+    Fail(m.str());
+  }
+  return py::reinterpret_borrow<py::array_t<T>>(a);
+}
+
+void CheckMaxNorm(double max_norm) {
+  if (!std::isfinite(max_norm)) {
+    std::ostringstream m;
+    m << "max_norm must be finite, got " << max_norm;
+    Fail(m.str());
+  }
+  if (max_norm < 0) {
+    std::ostringstream m;
+    m << "max_norm must be >= 0, got " << max_norm;
+    Fail(m.str());
+  }
+}
+
+void CheckSize(size_t d) {
+  if (d == 0) Fail("size must be >= 1, got 0");
+  if (d > (size_t(1) << 32)) {
+    std::ostringstream m;
+    m << "size must be at most 2^32 elements, got " << d;
+    Fail(m.str());
+  }
+}
+
+py::dict GeometryDict(const thc::Geometry& g) {
+  py::dict r;
+  r["d"] = g.d;
+  r["block"] = g.block;
+  r["padded"] = g.padded;
+  r["payload_bytes"] = g.payload_bytes;
+  return r;
+}
+
+class PyEncoder {
+ public:
+  PyEncoder(const thc::Config& cfg, size_t d, uint32_t rank, bool error_feedback) {
+    CheckConfig(cfg);
+    CheckSize(d);
+    if (rank >= (1u << 24)) {
+      std::ostringstream m;
+      m << "rank must be < 2^24, got " << rank;
+      Fail(m.str());
+    }
+    enc_ = std::make_unique<thc::Encoder>(cfg, d, rank, error_feedback);
+    ef_ = error_feedback;
+  }
+  double Norm(const py::handle& x) {
+    auto a = Vector<float>(x, "x", enc_->geometry().d, true);
+    double n = 0;
+    thc::Status st;
+    {
+      py::gil_scoped_release nogil;
+      st = enc_->Norm(a.data(), &n);
+    }
+    if (st == thc::Status::kNonFinite)
+      Fail(ef_ ? "x + residual contains NaN or Inf" : "x contains NaN or Inf");
+    return n;
+  }
+  py::array_t<uint8_t> Encode(const py::handle& x, double max_norm) {
+    auto a = Vector<float>(x, "x", enc_->geometry().d, true);
+    CheckMaxNorm(max_norm);
+    py::array_t<uint8_t> out(enc_->geometry().payload_bytes);
+    thc::Status st;
+    {
+      py::gil_scoped_release nogil;
+      st = enc_->Encode(a.data(), max_norm, out.mutable_data());
+    }
+    if (st == thc::Status::kNonFinite)
+      Fail(ef_ ? "x + residual contains NaN or Inf; nothing was changed"
+               : "x contains NaN or Inf; nothing was changed");
+    if (st != thc::Status::kOk) Fail("encode failed (bad argument)");
+    return out;
+  }
+  py::object Residual() const {
+    const float* r = enc_->residual();
+    if (!r) return py::none();
+    py::array_t<float> out(enc_->geometry().d);
+    std::memcpy(out.mutable_data(), r, enc_->geometry().d * sizeof(float));
+    return std::move(out);
+  }
+  thc::Encoder& core() { return *enc_; }
+
+ private:
+  std::unique_ptr<thc::Encoder> enc_;
+  bool ef_ = false;
+};
+
+class PyAggregator {
+ public:
+  PyAggregator(const thc::Config& cfg, size_t d, uint32_t num_workers) {
+    CheckConfig(cfg);
+    CheckSize(d);
+    if (num_workers == 0) Fail("num_workers must be >= 1, got 0");
+    if (thc::LaneBits(cfg, num_workers) == 0) {
+      std::ostringstream m;
+      m << "num_workers * granularity = " << (uint64_t)num_workers * cfg.granularity
+        << " overflows a 32-bit sum lane (num_workers=" << num_workers
+        << ", granularity=" << cfg.granularity << ")";
+      Fail(m.str());
+    }
+    agg_ = std::make_unique<thc::Aggregator>(cfg, d, num_workers);
+  }
+  void Add(const py::handle& payload) {
+    auto a = Vector<uint8_t>(payload, "payload");
+    std::string err;
+    thc::Status st;
+    {
+      py::gil_scoped_release nogil;
+      st = agg_->Add(a.data(), (size_t)a.size(), &err);
+    }
+    if (st != thc::Status::kOk) Fail(err);
+  }
+  py::array Result() const {
+    const size_t n = agg_->geometry().padded;
+    py::array out;
+    switch (agg_->lane_bits()) {
+      case 8: out = py::array_t<uint8_t>(n); break;
+      case 16: out = py::array_t<uint16_t>(n); break;
+      default: out = py::array_t<uint32_t>(n); break;
+    }
+    std::memcpy(out.mutable_data(), agg_->sums(), agg_->sums_bytes());
+    return out;
+  }
+  thc::Aggregator& core() { return *agg_; }
+
+ private:
+  std::unique_ptr<thc::Aggregator> agg_;
+};
+
+py::array_t<float> DecodePy(const thc::Config& cfg, size_t d, const py::handle& sums,
+                            uint32_t num_workers, double max_norm) {
+  CheckConfig(cfg);
+  CheckSize(d);
+  CheckMaxNorm(max_norm);
+  if (num_workers == 0) Fail("num_workers must be >= 1, got 0");
+  const thc::Geometry geo = thc::MakeGeometry(cfg, d);
+  if (!py::isinstance<py::array>(sums)) Fail("sums must be a NumPy array");
+  py::array a = py::reinterpret_borrow<py::array>(sums);
+  int lane = 0;
+  if (a.dtype().is(py::dtype::of<uint8_t>())) lane = 8;
+  else if (a.dtype().is(py::dtype::of<uint16_t>())) lane = 16;
+  else if (a.dtype().is(py::dtype::of<uint32_t>())) lane = 32;
+  else Fail("sums must have dtype uint8, uint16 or uint32, got " + std::string(py::str(a.dtype())));
+  const int need = thc::LaneBits(cfg, num_workers);
+  if (need == 0) Fail("num_workers * granularity overflows a 32-bit sum lane");
+  if (lane != need) {
+    std::ostringstream m;
+    m << "sums have " << lane << "-bit lanes, but num_workers=" << num_workers
+      << " and granularity=" << cfg.granularity << " need " << need << "-bit lanes";
+    Fail(m.str());
+  }
+  if (a.ndim() != 1 || !(a.flags() & py::array::c_style)) Fail("sums must be 1-D and contiguous");
+  if ((size_t)a.size() != geo.padded) {
+    std::ostringstream m;
+    m << "sums have " << a.size() << " elements, expected the padded size " << geo.padded;
+    Fail(m.str());
+  }
+  py::array_t<float> out(d);
+  thc::Status st;
+  {
+    py::gil_scoped_release nogil;
+    st = thc::Decode(cfg, d, a.data(), lane, num_workers, max_norm, out.mutable_data());
+  }
+  if (st != thc::Status::kOk) Fail("decode failed");
+  return out;
+}
+
+py::array_t<float> FwhtPy(const py::handle& x, size_t block) {
+  auto a = Vector<float>(x, "x");
+  const size_t n = (size_t)a.size();
+  if (block == 0) block = n;
+  if (block == 0 || (block & (block - 1)) != 0) {
+    std::ostringstream m;
+    m << "block must be a power of two, got " << block;
+    Fail(m.str());
+  }
+  if (n % block != 0) {
+    std::ostringstream m;
+    m << "length " << n << " is not a multiple of block " << block;
+    Fail(m.str());
+  }
+  py::array_t<float> out(n);
+  std::memcpy(out.mutable_data(), a.data(), n * sizeof(float));
+  {
+    py::gil_scoped_release nogil;
+    thc::Fwht(out.mutable_data(), n, block);
+  }
+  return out;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "byteps-thc codec core (docs/ALGORITHM.md); use byteps_thc.ThcCodec / ThcAggregator";
+
+  py::class_<thc::Config>(m, "Config")
+      .def(py::init<>())
+      .def_readwrite("bits", &thc::Config::bits)
+      .def_readwrite("granularity", &thc::Config::granularity)
+      .def_readwrite("clip", &thc::Config::clip)
+      .def_readwrite("seed", &thc::Config::seed)
+      .def_readwrite("rotation_block", &thc::Config::rotation_block)
+      .def_readwrite("table", &thc::Config::table);
+
+  m.def("validate", &thc::Validate, py::arg("cfg"),
+        "Empty string when valid, else a message naming the bad field and value.");
+  m.def(
+      "geometry",
+      [](const thc::Config& cfg, size_t d) { return GeometryDict(thc::MakeGeometry(cfg, d)); },
+      py::arg("cfg"), py::arg("d"));
+  m.def("lane_bits", &thc::LaneBits, py::arg("cfg"), py::arg("num_workers"));
+  m.def("splitmix64", &thc::SplitMix64, py::arg("x"));
+  m.def("hash32", &thc::Hash32, py::arg("x"));
+  m.def("sign_key", &thc::SignKey, py::arg("seed"));
+  m.def("round_key", &thc::RoundKey, py::arg("seed"), py::arg("rank"), py::arg("step"));
+  m.def("fwht", &FwhtPy, py::arg("x"), py::arg("block") = 0,
+        "Unnormalised Walsh-Hadamard transform of each block (0 = whole array); returns a copy.");
+
+  py::class_<PyEncoder>(m, "Encoder")
+      .def(py::init<const thc::Config&, size_t, uint32_t, bool>(), py::arg("cfg"), py::arg("d"),
+           py::arg("rank"), py::arg("error_feedback"))
+      .def("norm", &PyEncoder::Norm, py::arg("x"))
+      .def("encode", &PyEncoder::Encode, py::arg("x"), py::arg("max_norm"))
+      .def_property(
+          "step", [](PyEncoder& e) { return e.core().step(); },
+          [](PyEncoder& e, uint64_t s) { e.core().set_step(s); })
+      .def_property_readonly("residual", &PyEncoder::Residual)
+      .def("reset_residual", [](PyEncoder& e) { e.core().ResetResidual(); })
+      .def_property_readonly("geometry",
+                             [](PyEncoder& e) { return GeometryDict(e.core().geometry()); });
+
+  py::class_<PyAggregator>(m, "Aggregator")
+      .def(py::init<const thc::Config&, size_t, uint32_t>(), py::arg("cfg"), py::arg("d"),
+           py::arg("num_workers"))
+      .def("add", &PyAggregator::Add, py::arg("payload"))
+      .def("result", &PyAggregator::Result)
+      .def_property_readonly("count", [](PyAggregator& a) { return a.core().count(); })
+      .def_property_readonly("lane_bits", [](PyAggregator& a) { return a.core().lane_bits(); })
+      .def("reset", [](PyAggregator& a) { a.core().Reset(); })
+      .def_property_readonly("geometry",
+                             [](PyAggregator& a) { return GeometryDict(a.core().geometry()); });
+
+  m.def("decode", &DecodePy, py::arg("cfg"), py::arg("d"), py::arg("sums"),
+        py::arg("num_workers"), py::arg("max_norm"));
+  m.def("active_isa", &thc::ActiveIsa);
+  m.def(
+      "force_isa",
+      [](const std::string& name) {
+        if (name != "portable" && name != "avx2" && name != "avx512")
+          Fail("unknown ISA '" + name + "'; expected portable, avx2 or avx512");
+        return thc::ForceIsa(name);
+      },
+      py::arg("name"), "Caps the instruction set; False if this CPU lacks it.");
+
+#ifdef THC_WITH_CUDA
+  thc_python::RegisterCuda(m);
+  m.attr("with_cuda") = true;
+#else
+  m.attr("with_cuda") = false;
+#endif
+}

@@ -1,0 +1,87 @@
+// byteps-thc codec core: configuration checks and partition geometry (docs/ALGORITHM.md,
+// "Configuration").
+#include <cmath>
+#include <sstream>
+
+#include "thc/thc.h"
+
+namespace thc {
+
+namespace {
+bool IsPow2(uint64_t x) { return x != 0 && (x & (x - 1)) == 0; }
+uint64_t NextPow2(uint64_t x) {
+  uint64_t p = 1;
+  while (p < x) p <<= 1;
+  return p;
+}
+}  // namespace
+
+std::string Validate(const Config& cfg) {
+  std::ostringstream m;
+  if (cfg.bits < 1 || cfg.bits > 8) {
+    m << "bits must be in 1..8, got " << cfg.bits;
+    return m.str();
+  }
+  const uint32_t levels = 1u << cfg.bits;
+  if (cfg.granularity < levels - 1 || cfg.granularity > (1u << 24) - 1) {
+    m << "granularity must be in " << (levels - 1) << ".." << ((1u << 24) - 1) << " for bits="
+      << cfg.bits << ", got " << cfg.granularity;
+    return m.str();
+  }
+  if (!std::isfinite(cfg.clip) || !(cfg.clip > 0)) {
+    m << "clip must be finite and > 0, got " << cfg.clip;
+    return m.str();
+  }
+  if (cfg.rotation_block != 0 && !IsPow2(cfg.rotation_block)) {
+    m << "rotation_block must be 0 or a power of two, got " << cfg.rotation_block;
+    return m.str();
+  }
+  if (cfg.rotation_block > (1ull << 32)) {
+    m << "rotation_block must be at most 2^32, got " << cfg.rotation_block;
+    return m.str();
+  }
+  if (cfg.table.size() != levels) {
+    m << "table must have 2^bits = " << levels << " entries, got " << cfg.table.size();
+    return m.str();
+  }
+  if (cfg.table[0] != 0) {
+    m << "table[0] must be 0, got " << cfg.table[0];
+    return m.str();
+  }
+  for (uint32_t i = 1; i < levels; ++i) {
+    if (cfg.table[i] <= cfg.table[i - 1]) {
+      m << "table must be strictly increasing, but table[" << i << "] = " << cfg.table[i]
+        << " <= table[" << (i - 1) << "] = " << cfg.table[i - 1];
+      return m.str();
+    }
+  }
+  if (cfg.table[levels - 1] != cfg.granularity) {
+    m << "table[" << (levels - 1) << "] must equal granularity " << cfg.granularity << ", got "
+      << cfg.table[levels - 1];
+    return m.str();
+  }
+  return std::string();
+}
+
+Geometry MakeGeometry(const Config& cfg, size_t d) {
+  Geometry g;
+  g.d = d;
+  const uint64_t full = NextPow2(d == 0 ? 1 : d);
+  uint64_t b = cfg.rotation_block == 0 ? full : cfg.rotation_block;
+  if (b > full) b = full;
+  g.block = (size_t)b;
+  g.padded = d == 0 ? 0 : (d + g.block - 1) / g.block * g.block;
+  g.payload_bytes = (g.padded * (size_t)cfg.bits + 7) / 8;
+  return g;
+}
+
+int LaneBits(const Config& cfg, uint32_t num_workers) {
+  const uint64_t top = (uint64_t)num_workers * cfg.granularity;
+  if (num_workers == 0) return 0;
+  if (top <= 0xFFu) return 8;
+  if (top <= 0xFFFFu) return 16;
+  if (top <= 0xFFFFFFFFull) return 32;
+  return 0;
+}
+
+}  // namespace thc

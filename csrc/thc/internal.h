@@ -1,0 +1,92 @@
+// byteps-thc codec core: what the drivers (encoder.cc, aggregator.cc, decoder.cc) and the kernel
+// files share. Not part of the public interface.
+//
+// Kernel families, one per file, each built three times (portable, AVX2, AVX-512) from one
+// implementation header compiled with different -m flags into its own namespace:
+//   hadamard   (hadamard_impl.h)    blockwise unnormalised Walsh-Hadamard transform
+//   quantize   (quantize_impl.h)    encode pointwise work: load+sign, scale/round, pack, norm
+//   dequantize (dequantize_impl.h)  decode pointwise work: sums->float, scale+sign
+//   aggregate  (aggregate_impl.h)   unpack, table lookup, integer add
+// The ISA is chosen in one place, dispatch.cc, which hands the drivers a table of function
+// pointers (Kernels).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace thc {
+namespace detail {
+
+// Everything the quantize kernel needs; filled once per Encode call by the encoder.
+struct QuantParams {
+  float c1 = 0, c0 = 0;     // t = y * c1 + c0
+  float gmax = 0;           // g as a float (the clip)
+  float k1 = 0, k0 = 0;     // error feedback: e = y - (TBL[q] * k1 + k0)
+  bool ef = false;          // write e over y
+  uint32_t round_key = 0;
+  int levels = 0;           // K = 2^bits
+  const int32_t* lvl = nullptr;  // lvl[k], k = 0..g: largest i with TBL[i] <= k, capped at K-2;
+                                 // nullptr when g is large (binary search over tbl instead)
+  const int32_t* tbl = nullptr;  // TBL[0..K) as integers
+  const float* tblf = nullptr;   // float(TBL[i])
+  const float* ig = nullptr;     // 1 / (TBL[i+1] - TBL[i]), i = 0..K-2 (entry K-1 is 0)
+};
+
+// One instruction set's kernels. All pointers are plain functions without state.
+struct Kernels {
+  const char* name;
+  // hadamard: in-place Hu on each block of `block` floats in x[0, n); n a multiple of block.
+  void (*fwht)(float* x, size_t n, size_t block);
+  // quantize: v[i] = sign_{j0+i} * (grad[i] + res[i]) for i < nvalid (res may be null: no add),
+  // v[i] = sign * 0 for nvalid <= i < n. False (v partly written) if any input is not finite.
+  // j0 is a multiple of 32.
+  bool (*load_signed)(const float* grad, const float* res, size_t nvalid, size_t n, uint64_t j0,
+                      uint32_t sign_key, float* v);
+  // idx[i] = table index of y[i] (element j0+i); with p.ef, y[i] becomes the error e.
+  void (*quantize)(float* y, size_t n, uint64_t j0, const QuantParams& p, uint8_t* idx);
+  // LSB-first b-bit stream of idx[0, n) into ceil(n*bits/8) bytes (unused high bits zero).
+  void (*pack)(const uint8_t* idx, size_t n, int bits, uint8_t* out);
+  // sum of (grad[i] + res[i])^2 in binary64 (res may be null); false if any is not finite.
+  bool (*sum_squares)(const float* grad, const float* res, size_t n, double* out);
+  // dequantize: v[i] = float(sums[i]) * m1 + m0, sums in lanes of lane_bits (8/16/32).
+  void (*load_sums)(const void* sums, int lane_bits, size_t n, float m1, float m0, float* v);
+  // out[i] = sign_{j0+i} * (w[i] * scale), i < n; j0 a multiple of 32.
+  void (*scale_signed)(const float* w, size_t n, uint64_t j0, uint32_t sign_key, float scale,
+                       float* out);
+  // aggregate: sums[i] += tbl[index i of the b-bit stream], i < n; lanes of lane_bits.
+  void (*add_indices)(const uint8_t* payload, size_t n, int bits, const uint32_t* tbl,
+                      int lane_bits, void* sums);
+};
+
+// The kernels of the active instruction set (dispatch.cc).
+const Kernels& ActiveKernels();
+
+// Per-ISA entry points, defined in the kernel files; dispatch.cc gathers them.
+#define THC_DECLARE_ISA_KERNELS(ns)                                                           \
+  namespace ns {                                                                              \
+  void Fwht(float* x, size_t n, size_t block);                                                \
+  bool LoadSigned(const float* grad, const float* res, size_t nvalid, size_t n, uint64_t j0,  \
+                  uint32_t sign_key, float* v);                                               \
+  void Quantize(float* y, size_t n, uint64_t j0, const QuantParams& p, uint8_t* idx);         \
+  void Pack(const uint8_t* idx, size_t n, int bits, uint8_t* out);                            \
+  bool SumSquares(const float* grad, const float* res, size_t n, double* out);                \
+  void LoadSums(const void* sums, int lane_bits, size_t n, float m1, float m0, float* v);     \
+  void ScaleSigned(const float* w, size_t n, uint64_t j0, uint32_t sign_key, float scale,     \
+                   float* out);                                                               \
+  void AddIndices(const uint8_t* payload, size_t n, int bits, const uint32_t* tbl,            \
+                  int lane_bits, void* sums);                                                 \
+  }
+
+THC_DECLARE_ISA_KERNELS(portable)
+#if defined(__x86_64__) || defined(_M_X64)
+#define THC_HAVE_X86 1
+THC_DECLARE_ISA_KERNELS(avx2)
+THC_DECLARE_ISA_KERNELS(avx512)
+#endif
+
+// Elements per chunk the drivers hand to the kernels when blocks are small (a multiple of 32
+// and of every block it covers; sized for L1/L2).
+constexpr size_t kChunk = 8192;
+
+}  // namespace detail
+}  // namespace thc
