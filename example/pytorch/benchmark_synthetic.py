@@ -1,0 +1,184 @@
+"""Synthetic-data throughput of BytePS training with ResNet-50 or VGG-16 (built here in plain torch).
+
+    bpslaunch --local 2 -- python example/pytorch/benchmark_synthetic.py --compressor none
+    bpslaunch --local 2 -- python example/pytorch/benchmark_synthetic.py --compressor thc
+
+The models have the real architectures and parameter shapes (ResNet-50: 25.6 M parameters,
+VGG-16: 138 M); the images are random and small by default (--image-size 64; the adaptive
+pooling keeps VGG's 25088-wide classifier input at any size), so that the run is dominated by
+gradient communication, which is what compression changes. Prints samples/s (per worker and in
+total) and the bytes that crossed the loopback interface per step (measured, /proc/net/dev:
+meaningful when the cluster is alone on lo, e.g. inside `unshare -n`, as scripts/demo.py does).
+Without a BytePS launcher (no DMLC_ROLE) it measures one process's compute only.
+"""
+import argparse
+import os
+import sys
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+# ------------------------------------------------------------------------------------------------
+# Models
+# ------------------------------------------------------------------------------------------------
+class Bottleneck(nn.Module):
+    expansion = 4
+
+    def __init__(self, inplanes, planes, stride=1):
+        super().__init__()
+        width = planes
+        self.conv1 = nn.Conv2d(inplanes, width, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(width)
+        self.conv2 = nn.Conv2d(width, width, 3, stride=stride, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(width)
+        self.conv3 = nn.Conv2d(width, planes * self.expansion, 1, bias=False)
+        self.bn3 = nn.BatchNorm2d(planes * self.expansion)
+        self.down = None
+        if stride != 1 or inplanes != planes * self.expansion:
+            self.down = nn.Sequential(
+                nn.Conv2d(inplanes, planes * self.expansion, 1, stride=stride, bias=False),
+                nn.BatchNorm2d(planes * self.expansion))
+
+    def forward(self, x):
+        out = F.relu(self.bn1(self.conv1(x)))
+        out = F.relu(self.bn2(self.conv2(out)))
+        out = self.bn3(self.conv3(out))
+        return F.relu(out + (x if self.down is None else self.down(x)))
+
+
+class ResNet50(nn.Module):
+    def __init__(self, num_classes=1000):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 64, 7, stride=2, padding=3, bias=False),
+                                  nn.BatchNorm2d(64), nn.ReLU(inplace=True),
+                                  nn.MaxPool2d(3, stride=2, padding=1))
+        layers, inplanes = [], 64
+        for planes, blocks, stride in ((64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2)):
+            for i in range(blocks):
+                layers.append(Bottleneck(inplanes, planes, stride if i == 0 else 1))
+                inplanes = planes * Bottleneck.expansion
+        self.layers = nn.Sequential(*layers)
+        self.fc = nn.Linear(inplanes, num_classes)
+
+    def forward(self, x):
+        x = self.layers(self.stem(x))
+        return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
+
+
+class VGG16(nn.Module):
+    CFG = (64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512, "M")
+
+    def __init__(self, num_classes=1000):
+        super().__init__()
+        layers, c = [], 3
+        for v in self.CFG:
+            if v == "M":
+                layers.append(nn.MaxPool2d(2, 2))
+            else:
+                layers += [nn.Conv2d(c, v, 3, padding=1), nn.ReLU(inplace=True)]
+                c = v
+        self.features = nn.Sequential(*layers)
+        self.classifier = nn.Sequential(
+            nn.Linear(512 * 7 * 7, 4096), nn.ReLU(inplace=True), nn.Dropout(),
+            nn.Linear(4096, 4096), nn.ReLU(inplace=True), nn.Dropout(),
+            nn.Linear(4096, num_classes))
+
+    def forward(self, x):
+        x = F.adaptive_avg_pool2d(self.features(x), 7)
+        return self.classifier(torch.flatten(x, 1))
+
+
+MODELS = {"resnet50": ResNet50, "vgg16": VGG16}
+
+
+# ------------------------------------------------------------------------------------------------
+def loopback_tx_bytes():
+    try:
+        with open("/proc/net/dev") as f:
+            for line in f:
+                name, _, rest = line.partition(":")
+                if name.strip() == "lo":
+                    return int(rest.split()[8])
+    except OSError:
+        pass
+    return None
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", choices=sorted(MODELS), default="resnet50")
+    p.add_argument("--batch-size", type=int, default=4, help="per worker")
+    p.add_argument("--image-size", type=int, default=64)
+    p.add_argument("--num-warmup", type=int, default=2)
+    p.add_argument("--num-iters", type=int, default=10)
+    p.add_argument("--compressor", choices=("env", "none", "fp16", "thc"), default="env",
+                   help="env (default): what bpslaunch --compressor chose")
+    p.add_argument("--thc-bits", type=int, default=4)
+    return p.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    distributed = "DMLC_ROLE" in os.environ
+    if distributed:
+        import byteps.torch as bps
+        bps.init()
+        rank, size = bps.rank(), bps.size()
+    else:
+        bps, rank, size = None, 0, 1
+    torch.manual_seed(0)
+    model = MODELS[args.model]()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    comp = "none (single process)"
+    if distributed:
+        compression = {"env": None, "thc": None, "none": bps.Compression.none,
+                       "fp16": bps.Compression.fp16}[args.compressor]
+        if args.compressor == "thc":
+            compression = bps.Compression.thc(bits=args.thc_bits)
+        opt = bps.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                                       compression=compression)
+        comp = repr(opt._compression)
+        bps.broadcast_parameters(model.state_dict(), root_rank=0)
+    n_params = sum(p.numel() for p in model.parameters())
+    if rank == 0:
+        print(f"{args.model}: {n_params / 1e6:.1f} M parameters ({n_params * 4 / 2**20:.0f} MiB "
+              f"float32), batch {args.batch_size}/worker, {args.image_size}px, {size} worker(s), "
+              f"compression {comp}", flush=True)
+    data = torch.randn(args.batch_size, 3, args.image_size, args.image_size)
+    target = torch.randint(0, 1000, (args.batch_size,))
+
+    def step():
+        opt.zero_grad()
+        F.cross_entropy(model(data), target).backward()
+        opt.step()
+
+    for _ in range(args.num_warmup):
+        step()
+    tx0, t0 = loopback_tx_bytes(), time.perf_counter()
+    for i in range(args.num_iters):
+        ts = time.perf_counter()
+        step()
+        if rank == 0:
+            print(f"iter {i + 1}/{args.num_iters}: {args.batch_size / (time.perf_counter() - ts):.2f} "
+                  "samples/s per worker", flush=True)
+    seconds = time.perf_counter() - t0
+    tx1 = loopback_tx_bytes()
+    per_worker = args.batch_size * args.num_iters / seconds
+    if rank == 0:
+        line = (f"RESULT model={args.model} compression={comp} workers={size} "
+                f"samples/s per worker={per_worker:.2f} total={per_worker * size:.2f}")
+        if distributed and tx0 is not None and tx1 is not None:
+            per_step = (tx1 - tx0) / args.num_iters
+            line += (f" loopback bytes/step={per_step:.0f} "
+                     f"({per_step / (n_params * 4):.3f} x the float32 model)")
+        print(line, flush=True)
+    if distributed:
+        bps.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
