@@ -1,0 +1,165 @@
+"""The advisor's step-time model, with injected per-element costs (deterministic, no timing)."""
+import math
+
+import pytest
+
+from byteps_thc import ThcConfig
+from byteps_thc import advise
+from byteps_thc.advise import CompressorSpec, HostCosts, Scenario, parse_spec, predict, predict_one
+
+ZERO = HostCosts({k: 0.0 for k in advise.COST_KEYS}, "zero")
+# a host where every operation costs 1 ns per element and THC's encode/decode 5 ns
+ONE_NS = HostCosts(dict({k: 1e-9 for k in advise.COST_KEYS}, thc_encode=5e-9, thc_decode=5e-9),
+                   "1ns")
+M = 1 << 20            # elements of one large tensor
+
+
+def sc(**kw):
+    base = dict(tensors=[25 * M], bandwidth_gbit=1.0, compute_s=0.1, workers=2, efficiency=1.0,
+                latency_s=0.0)
+    base.update(kw)
+    return Scenario(**base)
+
+
+def test_model_shapes_have_the_published_parameter_counts():
+    for name, count in advise.PARAM_COUNTS.items():
+        assert sum(advise.model_tensors(name)) == count
+    assert len(advise.model_shapes("resnet50")) == 161     # weights, biases, BN gamma/beta
+    assert len(advise.model_shapes("bert-base")) == 199
+
+
+def test_partitions_follow_byteps_rules():
+    parts = advise.partitions([1024000 * 2 + 10, 100], partition_bytes=4096000,
+                              min_compress_bytes=65536)
+    assert parts == [(1024000, True), (1024000, True), (10, True), (100, False)]
+
+
+def test_wire_bytes_per_compressor():
+    d = 1 << 20
+    assert advise.wire_bytes(CompressorSpec("none"), d, True, 2) == (4 * d, 4 * d)
+    assert advise.wire_bytes(CompressorSpec("fp16"), d, True, 2) == (2 * d, 2 * d)
+    # THC: b bits up, the lane (8 bits for n*g <= 255) down
+    assert advise.wire_bytes(CompressorSpec("thc"), d, True, 2) == (d / 2, d)
+    assert advise.wire_bytes(CompressorSpec("thc"), d, True, 9) == (d / 2, 2 * d)  # 9*30 > 255
+    # padded to the rotation block (next power of two)
+    up, down = advise.wire_bytes(CompressorSpec("thc"), 1024000, True, 2)
+    assert (up, down) == ((1 << 20) / 2, 1 << 20)
+    # small tensors travel uncompressed whatever the compressor (but fp16 casts everything)
+    assert advise.wire_bytes(CompressorSpec("thc"), 100, False, 2) == (400, 400)
+    assert advise.wire_bytes(CompressorSpec("onebit"), d, True, 2) == (d / 8 + 4, d / 8 + 4)
+    assert advise.wire_bytes(parse_spec("topk-0.01"), d, True, 2) == (8 * int(0.01 * d),) * 2
+    assert advise.wire_bytes(parse_spec("randomk-1000"), d, True, 2) == (8000, 8000)
+    up, _ = advise.wire_bytes(parse_spec("dithering-8"), d, True, 2, dithering_rate=4.0)
+    assert up == d * 4 / 8 + 8
+
+
+def test_dithering_rate_grows_with_levels():
+    rates = [advise.dithering_bits_per_element(s) for s in (2, 4, 8, 16)]
+    assert rates == sorted(rates) and 1 < rates[0] < rates[-1] < 8
+
+
+def test_network_bound_step_time_is_exact_without_cpu_costs():
+    # 25 Mi floats, 2 workers, 1 Gbit/s: the server link carries 2 x 100 MiB each way (overlapped)
+    p = predict_one(sc(), CompressorSpec("none"), ZERO)
+    bw = 1e9 / 8
+    parts = advise.partitions([25 * M])
+    fill = 2 * 2 * 4 * max(n for n, _ in parts) / bw
+    assert p.network_s == pytest.approx(2 * 4 * 25 * M / bw + fill)
+    assert p.step_s == pytest.approx(0.1 + p.network_s)
+    assert p.bound == "network"
+    assert p.wire_bytes_per_step == pytest.approx(2 * 2 * 4 * 25 * M)
+
+
+def test_thc_cuts_bytes_to_3_16_and_wins_on_a_slow_network():
+    preds = {p.compressor: p for p in predict(sc(), [CompressorSpec("none"), CompressorSpec("fp16"),
+                                                     CompressorSpec("thc")], ZERO)}
+    ratio = preds["thc"].wire_bytes_per_step / preds["none"].wire_bytes_per_step
+    assert ratio == pytest.approx((4 + 8) / 64, rel=0.06)      # padding to 2^20 adds 2.4 %
+    assert preds["thc"].step_s < preds["fp16"].step_s < preds["none"].step_s
+    assert preds["thc"].speedup > 2.5
+
+
+def test_compression_loses_when_the_network_is_fast_and_cpu_is_slow():
+    slow_cpu = HostCosts(dict(ONE_NS.per_elem, thc_encode=50e-9, thc_decode=50e-9), "slow")
+    preds = predict(sc(bandwidth_gbit=100.0), [CompressorSpec("none"), CompressorSpec("thc")],
+                    slow_cpu)
+    assert preds[0].compressor == "none"
+    thc = [p for p in preds if p.compressor == "thc"][0]
+    assert thc.bound == "cpu" and thc.speedup < 1
+    assert "none wins" in advise.recommend(preds)
+
+
+def test_shared_host_serialises_cpu_work():
+    own = predict_one(sc(bandwidth_gbit=100.0), CompressorSpec("thc"), ONE_NS)
+    shared = predict_one(sc(bandwidth_gbit=100.0, cores=1), CompressorSpec("thc"), ONE_NS)
+    assert shared.step_s > own.step_s
+    # with one core, the two workers' and the server's CPU work add up
+    w, s = own.worker_cpu_s, own.server_cpu_s
+    assert shared.step_s - own.step_s == pytest.approx(2 * w + s - max(w, s), rel=1e-6)
+
+
+def test_byteps_compressors_pay_server_recompression_thc_does_not():
+    n = 8
+    thc = predict_one(sc(workers=n), CompressorSpec("thc"), ONE_NS)
+    onebit = predict_one(sc(workers=n), CompressorSpec("onebit"), ONE_NS)
+    elems = sum(e for e, _ in advise.partitions([25 * M]))
+    assert thc.server_cpu_s == pytest.approx(n * 1e-9 * elems)                     # lookup+add
+    assert onebit.server_cpu_s == pytest.approx((n * 2e-9 + 1e-9) * elems)         # dec+add, enc
+
+
+def test_for_workers_config_changes_lane_and_bytes():
+    spec = CompressorSpec("thc", thc=ThcConfig.for_workers(16, downstream_bits=16), label="thc-n")
+    up, down = advise.wire_bytes(spec, 1 << 20, True, 16)
+    assert down == 2 * (1 << 20)
+    assert parse_spec("thc-n", 4).thc == ThcConfig.for_workers(4)
+
+
+def test_parse_spec_and_errors():
+    assert parse_spec("onebit+ef").ef and parse_spec("onebit+ef").label == "onebit+ef"
+    assert parse_spec("topk-0.01").k == 0.01
+    with pytest.raises(ValueError):
+        parse_spec("topk")
+    with pytest.raises(ValueError):
+        parse_spec("zip")
+    with pytest.raises(ValueError):
+        Scenario(tensors=[1], bandwidth_gbit=0, compute_s=0)
+
+
+def test_parse_bytes():
+    assert advise.parse_bytes("102M") == 102_000_000
+    assert advise.parse_bytes("1MiB") == 1 << 20
+    assert advise.parse_bytes("4096000") == 4096000
+
+
+def test_cli_prints_a_recommendation(capsys, monkeypatch):
+    monkeypatch.setattr(advise, "host_costs", lambda **kw: ONE_NS)
+    assert advise.main(["--model-bytes", "100M", "--bandwidth", "1,100", "--compute-ms", "50",
+                        "--compressors", "none,fp16,thc"]) == 0
+    out = capsys.readouterr().out
+    assert "thc wins" in out and "compressor" in out
+
+
+def test_cli_json(capsys, monkeypatch):
+    import json
+    monkeypatch.setattr(advise, "host_costs", lambda **kw: ONE_NS)
+    advise.main(["--model", "resnet50", "--bandwidth", "10", "--json", "--compressors",
+                 "none,thc"])
+    data = json.loads(capsys.readouterr().out)
+    preds = data["runs"][0]["predictions"]
+    assert {p["compressor"] for p in preds} == {"none", "thc"}
+    assert all(math.isfinite(p["step_s"]) for p in preds)
+
+
+def test_host_costs_cache_roundtrip(tmp_path, monkeypatch):
+    calls = []
+
+    def fake_measure(**kw):
+        calls.append(1)
+        return HostCosts(dict(ONE_NS.per_elem), "numpy+thc codec")
+    monkeypatch.setattr(advise, "measure_costs", fake_measure)
+    path = str(tmp_path / "c.json")
+    a = advise.host_costs(cache_path=path)
+    b = advise.host_costs(cache_path=path)
+    assert a.per_elem == b.per_elem and len(calls) == 1 and "cached" in b.source
+    advise.host_costs(cache_path=path, refresh=True)
+    assert len(calls) == 2
