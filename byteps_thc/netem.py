@@ -339,11 +339,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if a.cleanup_stale:
         print("removed:", " ".join(cleanup_stale()) or "nothing")
         return 0
-    with CleanupOnSignal(), EmulatedNetwork(["a", "b"]) as net:
-        for r in [float(x) for x in a.rates.split(",")]:
-            net.set_rate(r)
-            got = measure_tcp(net, "a", "b", a.seconds)
-            print(f"tbf {r:g} Gbit/s: TCP carried {got:.2f} Gbit/s ({got / r:.0%})", flush=True)
+    try:
+        with CleanupOnSignal(), EmulatedNetwork(["a", "b"]) as net:
+            for r in [float(x) for x in a.rates.split(",")]:
+                net.set_rate(r)
+                got = measure_tcp(net, "a", "b", a.seconds)
+                print(f"tbf {r:g} Gbit/s: TCP carried {got:.2f} Gbit/s ({got / r:.0%})",
+                      flush=True)
+    except KeyboardInterrupt as e:
+        print(f"interrupted ({e or 'SIGINT'}); namespaces removed", file=sys.stderr)
+        return 130
     return 0
 
 

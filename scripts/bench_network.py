@@ -1,0 +1,745 @@
+#!/usr/bin/env python3
+"""End-to-end BytePS benchmark on an emulated network: THC against the other compressors.
+
+Run as root (network namespaces, tc). It builds its own cluster on this host: one network
+namespace per worker and one for the server and scheduler, joined by a bridge, every link
+rate-limited with tbf (byteps_thc.netem; addresses from 198.18.0.0/15 only), and runs the real
+roles there with `bpslaunch` (its non-local mode, DMLC_* environment) under `ip netns exec`.
+Everything it creates is removed at the end, also on Ctrl-C / SIGTERM.
+
+    sudo .venv/bin/python scripts/bench_network.py --json results.json --plot docs/img
+    sudo .venv/bin/python scripts/bench_network.py --workloads resnet50 --bandwidths 1 \\
+        --compressors none,thc
+
+Workloads
+  resnet50, vgg16, bert-base  communication-bound replay: the models' real parameter shapes
+      (byteps_thc.advise.MODELS), synthetic gradients, and a per-step compute time slept on each
+      worker (default: the published per-GPU step time, see --compute-ms). Each step: sleep, then
+      push_pull every gradient through byteps.torch's DistributedOptimizer and wait.
+  digits  real training: example/pytorch/train_digits.py (scikit-learn's bundled digits), accuracy
+      against wall time and the time to --target-acc, at --train-bandwidth (1 Gbit/s).
+  tiny    a 5 MB replay model for smoke tests.
+
+Compressors (same run): none, fp16, thc (defaults), thc-n (ThcConfig.for_workers(n)), onebit+ef,
+topk-K+ef, randomk-K+ef, dithering-S (BytePS's registry; +ef adds its vanilla error feedback).
+
+Measured per run: step time (median, p90) over the measured steps, samples/s, bytes on the wire
+per step (the workers' eth0 counters, /sys/class/net/eth0/statistics, read inside the namespaces
+at the start and end of the measured steps: up = what the workers sent, down = what they
+received, headers included), and the server's CPU seconds per step (/proc/<pid>/stat of the
+server's processes, sampled). Each replay run also gets the advisor's prediction
+(byteps_thc.advise, with this host's measured costs and the link's measured TCP rate).
+
+This host's limits show in the numbers: every process shares its CPU cores, so CPU-bound
+encoding and the kernel's veth/bridge forwarding cap what high bandwidths can show (the records
+carry `link_gbit_measured`, one TCP stream's rate through the emulated link).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from typing import Dict, List, Optional, Sequence
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+from byteps_thc import advise  # noqa: E402
+from byteps_thc.netem import (CleanupOnSignal, EmulatedNetwork, NetemError,  # noqa: E402
+                              available, cleanup_stale, measure_tcp)
+
+DIGITS = os.path.join(ROOT, "example", "pytorch", "train_digits.py")
+SCHED_PORT = 9300
+RESULT_TAG = "BENCH_RESULT "
+REPLAY_MODELS = ("resnet50", "vgg16", "bert-base")
+TINY_SHAPES = [(1024, 1024), (1024,), (256, 1024), (256,), (10, 256), (10,)]
+DEFAULT_COMPRESSORS = ("none,fp16,thc,thc-n,onebit+ef,topk-0.01+ef,randomk-0.01+ef,dithering-8")
+# the environment a run decides itself (whatever the caller's says is dropped)
+_OWNED_PREFIXES = ("DMLC_", "BYTEPS_")
+
+
+def log(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+# ------------------------------------------------------------------------------------------------
+# Workloads
+# ------------------------------------------------------------------------------------------------
+def replay_shapes(model: str) -> List[tuple]:
+    if model == "tiny":
+        return list(TINY_SHAPES)
+    return advise.model_shapes(model)
+
+
+def replay_defaults(model: str):
+    """(compute ms, samples per step per worker)."""
+    if model == "tiny":
+        return 20.0, 32
+    _, ms, batch, _ = advise.MODELS[model]
+    return ms, batch
+
+
+def _eth0_counters() -> Dict[str, int]:
+    out = {}
+    for k in ("rx_bytes", "tx_bytes"):
+        try:
+            with open(f"/sys/class/net/eth0/statistics/{k}") as f:
+                out[k] = int(f.read())
+        except OSError:
+            out[k] = -1
+    return out
+
+
+def replay_worker(a: argparse.Namespace) -> int:
+    """Runs inside a worker (started by bpslaunch): the replay loop; prints one RESULT line."""
+    import torch
+    import byteps.torch as bps
+    torch.set_num_threads(1)
+    bps.init()
+    rank = bps.rank()
+    shapes = replay_shapes(a.model)
+    params = [torch.nn.Parameter(torch.zeros(s)) for s in shapes]
+    named = [(f"layer{i:03d}", p) for i, p in enumerate(params)]
+    opt = bps.DistributedOptimizer(torch.optim.SGD(params, lr=0.0), named_parameters=named)
+    gen = torch.Generator().manual_seed(1000 + rank)
+    grads = [torch.randn(s, generator=gen).mul_(0.01) for s in shapes]
+    compute_s = a.compute_ms / 1e3
+    times: List[float] = []
+    c0 = c1 = None
+    w0 = w1 = 0.0
+    for step in range(a.warmup + a.steps):
+        with torch.no_grad():
+            for p, g in zip(params, grads):   # a fresh gradient (outside the timed step)
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                p.grad.copy_(g)
+        if step == a.warmup:
+            c0, w0 = _eth0_counters(), time.time()
+        t = time.perf_counter()
+        time.sleep(compute_s)              # forward + backward of a GPU
+        opt.synchronize()                  # push_pull of every gradient, compressed as chosen
+        if step >= a.warmup:
+            times.append(time.perf_counter() - t)
+        if rank == 0 and (step + 1) % max(1, (a.warmup + a.steps) // 4) == 0:
+            print(f"replay {a.model}: step {step + 1}/{a.warmup + a.steps} "
+                  f"{(time.perf_counter() - t) * 1e3:.0f} ms", flush=True)
+    c1, w1 = _eth0_counters(), time.time()
+    print(RESULT_TAG + json.dumps({"rank": rank, "times": times, "c0": c0, "c1": c1,
+                                   "w0": w0, "w1": w1}), flush=True)
+    bps.shutdown()
+    return 0
+
+
+# ------------------------------------------------------------------------------------------------
+# Processes of one run
+# ------------------------------------------------------------------------------------------------
+class Proc:
+    """A process in a namespace whose output lines are kept with their arrival times."""
+
+    def __init__(self, net: EmulatedNetwork, node: str, name: str, argv: List[str],
+                 env: Dict[str, str], logdir: str, nice: int):
+        self.name = name
+        self.lines: List[tuple] = []
+        self.log_path = os.path.join(logdir, name.replace(" ", "_") + ".log")
+        full = (["nice", "-n", str(nice)] if nice else []) + argv
+        self.p = net.popen(node, full, env=env, cwd=ROOT, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT)
+        self._t = threading.Thread(target=self._pump, daemon=True)
+        self._t.start()
+
+    def _pump(self) -> None:
+        with open(self.log_path, "w") as f:
+            for raw in iter(self.p.stdout.readline, b""):
+                line = raw.decode("utf-8", "replace").rstrip("\n")
+                self.lines.append((time.time(), line))
+                f.write(line + "\n")
+                f.flush()
+
+    def join(self) -> None:
+        self._t.join(timeout=5)
+
+    def tail(self, n: int = 12) -> str:
+        return "\n".join(line for _, line in self.lines[-n:])
+
+
+def _proc_cpu_seconds(pid: int) -> float:
+    """utime + stime of pid and its direct children (the server loop runs in a child)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    pids = [pid]
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                pids += [int(x) for x in f.read().split()]
+    except OSError:
+        pass
+    total = 0.0
+    for p in pids:
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick   # utime, stime
+        except (OSError, IndexError, ValueError):
+            pass
+    return total
+
+
+def _interp(samples: List[tuple], t: float) -> Optional[float]:
+    if not samples:
+        return None
+    if t <= samples[0][0]:
+        return samples[0][1]
+    for (ta, va), (tb, vb) in zip(samples, samples[1:]):
+        if ta <= t <= tb:
+            return va if tb == ta else va + (vb - va) * (t - ta) / (tb - ta)
+    return samples[-1][1]
+
+
+def base_env(net: EmulatedNetwork, workers: int) -> Dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(_OWNED_PREFIXES)}
+    env.update({
+        "PYTHONPATH": ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else ""),
+        "PYTHONUNBUFFERED": "1",
+        "DMLC_NUM_WORKER": str(workers),
+        "DMLC_NUM_SERVER": "1",
+        "DMLC_PS_ROOT_URI": net.addr["srv"],
+        "DMLC_PS_ROOT_PORT": str(SCHED_PORT),
+        "DMLC_INTERFACE": "eth0",
+        "BYTEPS_FORCE_DISTRIBUTED": "1",
+        "BYTEPS_NUMA_ON": "0",
+        "BYTEPS_LOG_LEVEL": "WARNING",
+        "OMP_NUM_THREADS": "1",
+    })
+    return env
+
+
+def launcher_flags(spec: advise.CompressorSpec) -> List[str]:
+    """bpslaunch flags for a compressor (the user's path: they become BYTEPS_* environment)."""
+    if spec.name == "none":
+        return ["--compressor", "none"]
+    if spec.name == "fp16":
+        return ["--compressor", "fp16"]
+    if spec.name == "thc":
+        cfg = spec.thc_config()
+        return ["--compressor", "thc", "--thc-bits", str(cfg.bits),
+                "--thc-granularity", str(cfg.granularity),
+                "--thc-overflow-prob", repr(cfg.overflow_prob), "--thc-seed", str(cfg.seed)]
+    flags = ["--compressor", spec.name]
+    if spec.k is not None:
+        flags += ["--compressor-k", f"{spec.k:g}"]
+    if spec.ef:
+        flags += ["--compressor-ef", "vanilla"]
+    return flags
+
+
+def run_cluster(net: EmulatedNetwork, workers: int, spec: advise.CompressorSpec,
+                worker_cmd: List[str], logdir: str, timeout_s: float, nice: int,
+                tag: str) -> dict:
+    """Scheduler + server in `srv`, one worker per `w<i>`; returns processes, CPU samples and the
+    outcome once every worker has exited (or the timeout struck)."""
+    launch = [sys.executable, "-m", "byteps_thc.launch"] + launcher_flags(spec)
+    env = base_env(net, workers)
+    rundir = tempfile.mkdtemp(prefix=f"{net.prefix}-{tag}-", dir=logdir)
+    procs: List[Proc] = []
+    cpu: List[tuple] = []
+    status, error = "ok", ""
+    try:
+        sched_env = dict(env, DMLC_ROLE="scheduler", DMLC_NODE_HOST=net.addr["srv"])
+        procs.append(Proc(net, "srv", "scheduler", launch, sched_env, rundir, nice))
+        srv_env = dict(env, DMLC_ROLE="server", DMLC_NODE_HOST=net.addr["srv"])
+        server = Proc(net, "srv", "server", launch, srv_env, rundir, nice)
+        procs.append(server)
+        wprocs = []
+        for i in range(workers):
+            sock = os.path.join(rundir, f"sock{i}")
+            os.makedirs(sock, exist_ok=True)
+            wenv = dict(env, DMLC_ROLE="worker", DMLC_WORKER_ID=str(i),
+                        DMLC_NODE_HOST=net.addr[f"w{i}"], BYTEPS_LOCAL_RANK="0",
+                        BYTEPS_LOCAL_SIZE="1", BYTEPS_SOCKET_PATH=sock,
+                        BYTEPS_SHM_PREFIX=f"{net.prefix}_{tag}_w{i}_")
+            wp = Proc(net, f"w{i}", f"worker {i}", launch + ["--"] + worker_cmd, wenv, rundir,
+                      nice)
+            procs.append(wp)
+            wprocs.append(wp)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            cpu.append((time.time(), _proc_cpu_seconds(server.p.pid)))
+            codes = [w.p.poll() for w in wprocs]
+            bad = [(w, c) for w, c in zip(wprocs, codes) if c not in (None, 0)]
+            if bad:
+                status, error = "failed", f"{bad[0][0].name} exited with {bad[0][1]}"
+                break
+            if all(c == 0 for c in codes):
+                break
+            for p in procs[:2]:
+                if p.p.poll() is not None:
+                    status, error = "failed", f"{p.name} exited early ({p.p.returncode})"
+            if status != "ok":
+                break
+            if time.monotonic() > deadline:
+                status, error = "timeout", f"not finished after {timeout_s:.0f}s"
+                break
+            time.sleep(0.2)
+        cpu.append((time.time(), _proc_cpu_seconds(server.p.pid)))
+        if status == "ok":  # let the scheduler and server leave by themselves
+            end = time.monotonic() + 10
+            while time.monotonic() < end and any(p.p.poll() is None for p in procs[:2]):
+                time.sleep(0.2)
+    finally:
+        for p in procs:
+            if p.p.poll() is None:
+                _stop(p.p)     # SIGTERM first: bpslaunch then stops the processes it started
+        net.kill_all()       # anything a launcher left behind (its children have own sessions)
+        for p in procs:
+            p.join()
+        _remove_shm(f"{net.prefix}_{tag}_")
+    return {"procs": procs, "cpu": cpu, "status": status, "error": error, "rundir": rundir}
+
+
+def _stop(p: subprocess.Popen) -> None:
+    import signal
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(p.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            return
+        try:
+            p.wait(timeout=3)
+            return
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def _remove_shm(prefix: str) -> None:
+    try:
+        for entry in os.listdir("/dev/shm"):
+            if entry.startswith(prefix):
+                try:
+                    os.unlink(os.path.join("/dev/shm", entry))
+                except OSError:
+                    pass
+    except OSError:
+        pass
+
+
+def _failure_reason(res: dict) -> str:
+    """The most telling lines of a failed run's logs."""
+    keys = re.compile(r"error|Error|ERROR|Check failed|what\(\)|Traceback|abort|Abort|"
+                      r"Segmentation|not supported|unknown|Unknown|killed")
+    hits = []
+    for p in res["procs"]:
+        for _, line in p.lines:
+            if keys.search(line):
+                hits.append(f"{p.name}: {line.strip()[:200]}")
+    return res["error"] + ("; " + " | ".join(hits[-4:]) if hits else "")
+
+
+# ------------------------------------------------------------------------------------------------
+# One configuration
+# ------------------------------------------------------------------------------------------------
+def _spec_info(spec: advise.CompressorSpec) -> dict:
+    info = {"compressor": spec.label, "compressor_name": spec.name, "k": spec.k,
+            "error_feedback": spec.ef if spec.name != "thc" else spec.thc_config().error_feedback}
+    if spec.name == "thc":
+        c = spec.thc_config()
+        info["thc"] = {"bits": c.bits, "granularity": c.granularity,
+                       "overflow_prob": c.overflow_prob}
+    return info
+
+
+def run_replay(net, a, model: str, spec, bw: float, link_gbit: float, costs, logdir) -> dict:
+    compute_ms = a.compute_ms if a.compute_ms is not None else replay_defaults(model)[0]
+    batch = replay_defaults(model)[1]
+    tensors = [math.prod(s) for s in replay_shapes(model)]
+    sc = advise.Scenario(tensors, bw, compute_ms / 1e3, a.workers,
+                         efficiency=min(1.0, link_gbit / bw), cores=os.cpu_count())
+    pred = advise.predict_one(sc, spec, costs)
+    steps = max(a.min_steps, min(a.steps, int(a.run_seconds / max(pred.step_s, 1e-3))))
+    cmd = [sys.executable, os.path.abspath(__file__), "--replay-worker", "--model", model,
+           "--steps", str(steps), "--warmup", str(a.warmup), "--compute-ms", str(compute_ms)]
+    timeout = a.run_timeout or max(120.0, 30 + 6 * (steps + a.warmup) * pred.step_s + 60)
+    t0 = time.time()
+    res = run_cluster(net, a.workers, spec, cmd, logdir, timeout, a.nice,
+                      tag=f"{model}{int(bw)}{spec.name[:4]}")
+    rec = dict(_spec_info(spec), workload=model, kind="replay", bandwidth_gbit=bw,
+               link_gbit_measured=link_gbit, latency_ms=a.latency_ms, workers=a.workers,
+               compute_ms=compute_ms, batch_per_worker=batch, model_bytes=4 * sum(tensors),
+               status=res["status"], wall_s=time.time() - t0, loadavg=os.getloadavg()[0],
+               predicted_step_time_s=pred.step_s, predicted_wire_bytes_per_step=pred.wire_bytes_per_step,
+               predicted_bound=pred.bound)
+    results = []
+    for p in res["procs"]:
+        for _, line in p.lines:
+            if line.startswith(RESULT_TAG):
+                results.append(json.loads(line[len(RESULT_TAG):]))
+    if res["status"] != "ok" or len(results) != a.workers:
+        rec["status"] = "failed" if res["status"] == "ok" else res["status"]
+        rec["error"] = _failure_reason(res) or "no result from the workers"
+        return rec
+    times = results[0]["times"]     # every worker makes the same synchronous steps; rank 0's
+    for r in results:
+        if r["rank"] == 0:
+            times = r["times"]
+    n = len(times)
+    up = sum(r["c1"]["tx_bytes"] - r["c0"]["tx_bytes"] for r in results) / n
+    down = sum(r["c1"]["rx_bytes"] - r["c0"]["rx_bytes"] for r in results) / n
+    w0 = min(r["w0"] for r in results)
+    w1 = max(r["w1"] for r in results)
+    c0, c1 = _interp(res["cpu"], w0), _interp(res["cpu"], w1)
+    med = statistics.median(times)
+    rec.update(steps=n, step_times_s=times, step_time_s=med,
+               step_time_p90_s=sorted(times)[min(n - 1, int(math.ceil(0.9 * n)) - 1)],
+               samples_per_s=a.workers * batch / med,
+               wire_bytes_per_step=up + down, up_bytes_per_step=up, down_bytes_per_step=down,
+               server_cpu_s_per_step=(c1 - c0) / n if c0 is not None and c1 is not None else None,
+               prediction_error=(pred.step_s - med) / med)
+    return rec
+
+
+_EPOCH = re.compile(r"epoch\s+(\d+)/(\d+).*test acc ([0-9.]+)")
+_FINAL = re.compile(r"final test accuracy: ([0-9.]+)\s+\((\d+) steps, ([0-9.]+)s\)")
+_HEADER = re.compile(r"^digits: .*?(\d+) steps/epoch")
+
+
+def run_training(net, a, spec, bw: float, link_gbit: float, logdir) -> dict:
+    cmd = [sys.executable, DIGITS, "--epochs", str(a.train_epochs)]
+    t0 = time.time()
+    res = run_cluster(net, a.workers, spec, cmd, logdir, a.run_timeout or 600.0, a.nice,
+                      tag=f"digits{spec.name[:4]}")
+    rec = dict(_spec_info(spec), workload="digits", kind="training", bandwidth_gbit=bw,
+               link_gbit_measured=link_gbit, latency_ms=a.latency_ms, workers=a.workers,
+               status=res["status"], wall_s=time.time() - t0, loadavg=os.getloadavg()[0],
+               target_accuracy=a.target_acc)
+    w0 = next((p for p in res["procs"] if p.name == "worker 0"), None)
+    start = None
+    curve = []
+    final = None
+    steps_per_epoch = None
+    for t, line in (w0.lines if w0 else []):
+        body = re.sub(r"^\[[^\]]*\]\s*", "", line)
+        m = _HEADER.search(body)
+        if m and start is None:
+            start, steps_per_epoch = t, int(m.group(1))
+        m = _EPOCH.search(body)
+        if m and start is not None:
+            curve.append((round(t - start, 3), float(m.group(3))))
+        m = _FINAL.search(body)
+        if m:
+            final = (float(m.group(1)), int(m.group(2)), float(m.group(3)))
+    if res["status"] != "ok" or final is None:
+        rec["status"] = "failed" if res["status"] == "ok" else res["status"]
+        rec["error"] = _failure_reason(res) or "no final accuracy printed"
+        rec["accuracy_curve"] = curve
+        return rec
+    acc, steps, secs = final
+    ttt = next((t for t, v in curve if v >= a.target_acc), None)
+    rec.update(accuracy=acc, accuracy_curve=curve, steps=steps, train_seconds=secs,
+               step_time_s=secs / steps, time_to_target_s=ttt, steps_per_epoch=steps_per_epoch)
+    return rec
+
+
+# ------------------------------------------------------------------------------------------------
+# Report and plots
+# ------------------------------------------------------------------------------------------------
+def _fmt_bytes(b) -> str:
+    return "-" if b is None else f"{b / 1e6:.1f} MB"
+
+
+def table(records: Sequence[dict]) -> str:
+    lines = ["| workload | Gbit/s (TCP) | compressor | step ms (median / p90) | samples/s | "
+             "wire/step | server CPU/step | advisor ms (err) |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in records:
+        if r.get("kind") != "replay":
+            continue
+        bw = f"{r['bandwidth_gbit']:g} ({r['link_gbit_measured']:.2f})"
+        if r["status"] != "ok":
+            lines.append(f"| {r['workload']} | {bw} | {r['compressor']} | {r['status']}: "
+                         f"{r.get('error', '')[:80]} | | | | |")
+            continue
+        cpu = r.get("server_cpu_s_per_step")
+        lines.append(
+            f"| {r['workload']} | {bw} | {r['compressor']} | {r['step_time_s'] * 1e3:.0f} / "
+            f"{r['step_time_p90_s'] * 1e3:.0f} | {r['samples_per_s']:.0f} | "
+            f"{_fmt_bytes(r['wire_bytes_per_step'])} | "
+            f"{'-' if cpu is None else f'{cpu * 1e3:.0f} ms'} | "
+            f"{r['predicted_step_time_s'] * 1e3:.0f} ({r['prediction_error']:+.0%}) |")
+    train = [r for r in records if r.get("kind") == "training"]
+    if train:
+        lines += ["", "| training (digits) | Gbit/s | compressor | final accuracy | "
+                      "time to target | step ms | wall s |", "|---|---|---|---|---|---|---|"]
+        for r in train:
+            if r["status"] != "ok":
+                lines.append(f"| digits | {r['bandwidth_gbit']:g} | {r['compressor']} | "
+                             f"{r['status']}: {r.get('error', '')[:80]} | | | |")
+                continue
+            ttt = r.get("time_to_target_s")
+            lines.append(f"| digits | {r['bandwidth_gbit']:g} | {r['compressor']} | "
+                         f"{r['accuracy']:.4f} | "
+                         f"{'not reached' if ttt is None else f'{ttt:.1f} s'} "
+                         f"(≥{r['target_accuracy']:.2f}) | {r['step_time_s'] * 1e3:.0f} | "
+                         f"{r['train_seconds']:.1f} |")
+    return "\n".join(lines)
+
+
+def plot(records: Sequence[dict], outdir: str) -> List[str]:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    os.makedirs(outdir, exist_ok=True)
+    written = []
+    ok = [r for r in records if r["status"] == "ok"]
+    replay = [r for r in ok if r.get("kind") == "replay"]
+    models = [m for m in dict.fromkeys(r["workload"] for r in replay)]
+    if models:
+        fig, axes = plt.subplots(1, len(models), figsize=(4.2 * len(models), 3.6), squeeze=False,
+                                 dpi=80)
+        for ax, m in zip(axes[0], models):
+            rs = [r for r in replay if r["workload"] == m]
+            for comp in dict.fromkeys(r["compressor"] for r in rs):
+                pts = sorted((r["bandwidth_gbit"], r["step_time_s"], r["step_time_p90_s"])
+                             for r in rs if r["compressor"] == comp)
+                xs = [p[0] for p in pts]
+                ys = [p[1] * 1e3 for p in pts]
+                err = [[0] * len(pts), [(p[2] - p[1]) * 1e3 for p in pts]]
+                style = "-o" if comp.startswith("thc") else "--."
+                ax.errorbar(xs, ys, yerr=err, fmt=style, capsize=2, label=comp, lw=1.2, ms=4)
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+            ax.set_xticks(sorted({r["bandwidth_gbit"] for r in rs}))
+            ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
+            ax.set_xlabel("link bandwidth (Gbit/s, tbf)")
+            ax.set_ylabel("step time (ms, median; bar: p90)")
+            ax.set_title(f"{m}, {rs[0]['workers']} workers, compute {rs[0]['compute_ms']:g} ms",
+                         fontsize=9)
+            ax.grid(True, which="both", alpha=0.3)
+        axes[0][-1].legend(fontsize=7, loc="best")
+        fig.tight_layout()
+        path = os.path.join(outdir, "bench_step_time.png")
+        fig.savefig(path)
+        plt.close(fig)
+        written.append(path)
+
+        fig, ax = plt.subplots(figsize=(4.6, 4.2), dpi=80)
+        for comp in dict.fromkeys(r["compressor"] for r in replay):
+            rs = [r for r in replay if r["compressor"] == comp]
+            ax.scatter([r["step_time_s"] * 1e3 for r in rs],
+                       [r["predicted_step_time_s"] * 1e3 for r in rs], label=comp, s=14)
+        lo = min(min(r["step_time_s"], r["predicted_step_time_s"]) for r in replay) * 1e3 * 0.8
+        hi = max(max(r["step_time_s"], r["predicted_step_time_s"]) for r in replay) * 1e3 * 1.2
+        ax.plot([lo, hi], [lo, hi], "k-", lw=0.8)
+        ax.fill_between([lo, hi], [lo * 0.75, hi * 0.75], [lo * 1.25, hi * 1.25], color="gray",
+                        alpha=0.15, label="±25%")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("measured step time (ms)")
+        ax.set_ylabel("advisor's prediction (ms)")
+        ax.set_title("byteps_thc.advise against the replay runs", fontsize=9)
+        ax.legend(fontsize=6)
+        ax.grid(True, which="both", alpha=0.3)
+        fig.tight_layout()
+        path = os.path.join(outdir, "bench_advisor.png")
+        fig.savefig(path)
+        plt.close(fig)
+        written.append(path)
+
+    train = [r for r in ok if r.get("kind") == "training" and r.get("accuracy_curve")]
+    if train:
+        fig, ax = plt.subplots(figsize=(5.2, 3.6), dpi=80)
+        for r in train:
+            t = [0.0] + [p[0] for p in r["accuracy_curve"]]
+            v = [0.1] + [p[1] for p in r["accuracy_curve"]]
+            ax.plot(t, v, "-o" if r["compressor"].startswith("thc") else "--.", ms=3,
+                    label=f"{r['compressor']} ({r['accuracy']:.3f})")
+        ax.axhline(train[0]["target_accuracy"], color="gray", lw=0.8, ls=":")
+        ax.set_xlabel("wall time (s)")
+        ax.set_ylabel("test accuracy")
+        ax.set_ylim(0.5, 1.0)
+        ax.set_title(f"digits MLP, {train[0]['workers']} workers, "
+                     f"{train[0]['bandwidth_gbit']:g} Gbit/s", fontsize=9)
+        ax.legend(fontsize=7)
+        ax.grid(True, alpha=0.3)
+        fig.tight_layout()
+        path = os.path.join(outdir, "bench_accuracy.png")
+        fig.savefig(path)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+# ------------------------------------------------------------------------------------------------
+# Main
+# ------------------------------------------------------------------------------------------------
+def preflight() -> Optional[str]:
+    """None when a benchmark can run here, else why not."""
+    err = available()
+    if err:
+        return err
+    import importlib.util
+    if importlib.util.find_spec("byteps") is None:
+        return "the BytePS fork is not installed (make byteps)"
+    for mod in ("byteps.torch", "byteps.server"):
+        try:
+            if importlib.util.find_spec(mod) is None:
+                return f"{mod} is missing from the BytePS build (make byteps)"
+        except ImportError as e:
+            return f"{mod}: {e}"
+    return None
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog="\n\n".join(__doc__.split("\n\n")[2:]))
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--bandwidths", default="1,10,25", help="Gbit/s per link (1,10,25)")
+    ap.add_argument("--latency-ms", type=float, default=0.0,
+                    help="added one-way latency per link (needs the netem qdisc)")
+    ap.add_argument("--workloads", default="resnet50,vgg16,bert-base,digits",
+                    help="resnet50, vgg16, bert-base, digits, tiny")
+    ap.add_argument("--compressors", default=DEFAULT_COMPRESSORS,
+                    help=f"comma-separated ({DEFAULT_COMPRESSORS})")
+    ap.add_argument("--compute-ms", type=float, default=None,
+                    help="per-step compute of the replay (default: each model's published "
+                         "per-GPU step time: " + "; ".join(
+                             f"{k} {v[1]:g} ms" for k, v in advise.MODELS.items()) + ")")
+    ap.add_argument("--steps", type=int, default=12, help="measured steps per replay run (max)")
+    ap.add_argument("--min-steps", type=int, default=4)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--run-seconds", type=float, default=25.0,
+                    help="aim for this many seconds of measured steps per replay run")
+    ap.add_argument("--run-timeout", type=float, default=None,
+                    help="seconds before a run counts as hung (default: from the prediction)")
+    ap.add_argument("--time-budget", type=float, default=60.0,
+                    help="minutes for the whole benchmark; later runs are skipped (60)")
+    ap.add_argument("--train-bandwidth", type=float, default=1.0)
+    ap.add_argument("--train-epochs", type=int, default=12)
+    ap.add_argument("--train-compressors", default="none,fp16,thc,thc-n",
+                    help="compressors of the digits training (none,fp16,thc,thc-n)")
+    ap.add_argument("--target-acc", type=float, default=0.95)
+    ap.add_argument("--nice", type=int, default=5, help="niceness of the cluster's processes")
+    ap.add_argument("--subnet", default="198.18.0.0/24",
+                    help="addresses of the namespaces (inside 198.18.0.0/15)")
+    ap.add_argument("--json", metavar="PATH", help="write one record per run")
+    ap.add_argument("--plot", metavar="DIR", help="write PNG plots here")
+    ap.add_argument("--logdir", default=None, help="keep the processes' logs here")
+    ap.add_argument("--replay-worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--model", default="resnet50", help=argparse.SUPPRESS)
+    return ap.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    a = parse_args(argv)
+    if a.replay_worker:
+        return replay_worker(a)
+    why = preflight()
+    if why:
+        print(f"bench_network: cannot run: {why}", file=sys.stderr)
+        return 2
+    bandwidths = [float(x) for x in a.bandwidths.split(",") if x.strip()]
+    workloads = [w.strip() for w in a.workloads.split(",") if w.strip()]
+    for w in workloads:
+        if w not in REPLAY_MODELS + ("digits", "tiny"):
+            print(f"bench_network: unknown workload {w!r}", file=sys.stderr)
+            return 2
+    specs = [advise.parse_spec(s, a.workers) for s in a.compressors.split(",") if s.strip()]
+    train_specs = [advise.parse_spec(s, a.workers) for s in a.train_compressors.split(",")
+                   if s.strip()]
+    stale = cleanup_stale()
+    if stale:
+        log(f"removed namespaces left by killed runs: {' '.join(stale)}")
+    costs = advise.host_costs()
+    log(f"host costs for the advisor: {costs.source}")
+    deadline = time.monotonic() + a.time_budget * 60
+    logdir = a.logdir or tempfile.mkdtemp(prefix="thcbench-")
+    os.makedirs(logdir, exist_ok=True)
+    records: List[dict] = []
+    skipped: List[str] = []
+
+    def save():
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump(records, f, indent=1)
+
+    nodes = ["srv"] + [f"w{i}" for i in range(a.workers)]
+    interrupted = False
+    with CleanupOnSignal():
+        net = EmulatedNetwork(nodes, subnet=a.subnet)
+        try:
+            net.create()
+            log(f"namespaces {net.prefix}-{{hub,{','.join(nodes)}}} on {a.subnet}; logs in {logdir}")
+            plan = []
+            for bw in bandwidths:
+                for w in workloads:
+                    if w == "digits":
+                        if bw == a.train_bandwidth:
+                            plan += [(bw, w, s) for s in train_specs]
+                    else:
+                        plan += [(bw, w, s) for s in specs]
+            if "digits" in workloads and a.train_bandwidth not in bandwidths:
+                plan += [(a.train_bandwidth, "digits", s) for s in train_specs]
+            link: Dict[float, float] = {}
+            for i, (bw, w, spec) in enumerate(plan):
+                if time.monotonic() > deadline:
+                    skipped.append(f"{w}@{bw:g}/{spec.label}")
+                    continue
+                if net.rate_gbit != bw:
+                    net.set_rate(bw, a.latency_ms)
+                if bw not in link:
+                    link[bw] = measure_tcp(net, "w0", "srv", seconds=1.5)
+                    log(f"links at {bw:g} Gbit/s (tbf): one TCP stream carries {link[bw]:.2f} Gbit/s")
+                log(f"run {i + 1}/{len(plan)}: {w} {spec.label} at {bw:g} Gbit/s")
+                if w == "digits":
+                    rec = run_training(net, a, spec, bw, link[bw], logdir)
+                    if rec["status"] == "ok":
+                        log(f"  accuracy {rec['accuracy']:.4f}, {rec['step_time_s'] * 1e3:.0f} "
+                            f"ms/step, time to {a.target_acc:g}: {rec['time_to_target_s']}")
+                else:
+                    rec = run_replay(net, a, w, spec, bw, link[bw], costs, logdir)
+                    if rec["status"] == "ok":
+                        log(f"  step {rec['step_time_s'] * 1e3:.0f} ms (p90 "
+                            f"{rec['step_time_p90_s'] * 1e3:.0f}), wire "
+                            f"{rec['wire_bytes_per_step'] / 1e6:.1f} MB/step, server CPU "
+                            f"{(rec['server_cpu_s_per_step'] or 0) * 1e3:.0f} ms/step; advisor "
+                            f"{rec['predicted_step_time_s'] * 1e3:.0f} ms "
+                            f"({rec['prediction_error']:+.0%})")
+                if rec["status"] != "ok":
+                    log(f"  {rec['status']}: {rec.get('error', '')[:300]}")
+                records.append(rec)
+                save()
+        except KeyboardInterrupt as e:
+            interrupted = True
+            log(f"interrupted ({e or 'SIGINT'}): cleaning up")
+        finally:
+            net.destroy()
+            log("namespaces removed")
+    save()
+    if skipped:
+        log(f"time budget spent: skipped {len(skipped)} runs: {', '.join(skipped)}")
+    print()
+    print(table(records))
+    replay_ok = [r for r in records if r.get("kind") == "replay" and r["status"] == "ok"]
+    if replay_ok:
+        errs = [abs(r["prediction_error"]) for r in replay_ok]
+        within = sum(e <= 0.25 for e in errs)
+        print(f"\nadvisor: {within}/{len(errs)} replay runs within 25% "
+              f"(median |error| {statistics.median(errs):.0%}, max {max(errs):.0%})")
+    if a.plot and records:
+        for p in plot(records, a.plot):
+            log(f"wrote {p}")
+    if a.json:
+        log(f"wrote {a.json} ({len(records)} records)")
+    return 130 if interrupted else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,119 @@
+"""Smoke tests of the emulated-network benchmark (scripts/bench_network.py, byteps_thc.netem).
+
+The network tests need root and iproute2 (`ip`, `tc`); the cluster test also needs the BytePS
+fork (`make byteps`). Each is skipped, saying why, when its needs are not met. Everything they
+create lives in network namespaces named thcb<pid>-* with addresses from 198.18.0.0/15, and is
+removed at the end.
+"""
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from byteps_thc import netem
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BENCH = os.path.join(ROOT, "scripts", "bench_network.py")
+
+needs_net = pytest.mark.skipif(netem.available() is not None,
+                               reason=f"emulated network unavailable: {netem.available()}")
+
+
+def _namespaces(prefix):
+    return [n for n in netem.list_namespaces() if n.startswith(prefix)]
+
+
+def test_only_benchmarking_addresses_are_accepted():
+    assert str(netem.check_subnet("198.18.0.0/24")) == "198.18.0.0/24"
+    assert str(netem.check_subnet("198.19.255.0/24")) == "198.19.255.0/24"
+    for bad in ("10.0.0.0/24", "192.168.1.0/24", "172.16.0.0/24", "8.8.8.0/24", "198.20.0.0/24",
+                "198.16.0.0/14"):
+        with pytest.raises(ValueError):
+            netem.check_subnet(bad)
+
+
+def test_tbf_parameters_scale_with_rate():
+    slow, fast = netem.tbf_args(1.0), netem.tbf_args(25.0)
+    assert slow[:2] == ["rate", "1000000000bit"]
+    assert int(fast[3]) > int(slow[3]) >= 2 * 65536
+
+
+@needs_net
+def test_rate_limited_link_and_cleanup():
+    prefix = f"thcbt{os.getpid()}"
+    net = netem.EmulatedNetwork(["srv", "w0"], prefix=prefix)
+    try:
+        net.create()
+        assert len(_namespaces(prefix)) == 3
+        net.set_rate(1.0)
+        before = net.counters("w0")["tx_bytes"]
+        gbit = netem.measure_tcp(net, "w0", "srv", seconds=1.0)
+        assert 0.7 < gbit < 1.05, gbit            # tbf holds the line rate
+        assert net.counters("w0")["tx_bytes"] - before > 0.7e9 / 8
+    finally:
+        net.destroy()
+    assert _namespaces(prefix) == []
+
+
+@needs_net
+def test_killed_run_leaves_nothing_after_cleanup_stale():
+    code = ("import sys, time; sys.path.insert(0, %r); from byteps_thc import netem; "
+            "n = netem.EmulatedNetwork(['a']); n.create(); print(n.prefix, flush=True); "
+            "time.sleep(60)" % ROOT)
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    prefix = p.stdout.readline().strip()
+    try:
+        assert _namespaces(prefix)
+    finally:
+        p.kill()
+        p.wait()
+    netem.cleanup_stale()
+    assert _namespaces(prefix) == []
+
+
+def _fork_missing():
+    if netem.available() is not None:
+        return f"emulated network unavailable: {netem.available()}"
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    try:
+        import bench_network
+    finally:
+        sys.path.pop(0)
+    return bench_network.preflight()
+
+
+@pytest.mark.skipif(_fork_missing() is not None, reason=f"cannot run: {_fork_missing()}")
+def test_bench_smoke_tiny_model_two_compressors(tmp_path):
+    out = tmp_path / "r.json"
+    t0 = time.monotonic()
+    p = subprocess.Popen(
+        [sys.executable, BENCH, "--workloads", "tiny", "--bandwidths", "1", "--compressors",
+         "none,thc", "--steps", "3", "--min-steps", "3", "--warmup", "1", "--time-budget", "1.5",
+         "--run-timeout", "45", "--json", str(out), "--plot", str(tmp_path / "img"),
+         "--logdir", str(tmp_path / "logs")],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        text, _ = p.communicate(timeout=110)
+    except subprocess.TimeoutExpired:
+        p.terminate()           # the script removes its namespaces on SIGTERM
+        text, _ = p.communicate(timeout=20)
+        pytest.fail("benchmark smoke run took over 110 s:\n" + text[-3000:])
+    assert p.returncode == 0, text[-3000:]
+    assert time.monotonic() - t0 < 115
+    records = json.loads(out.read_text())
+    by = {r["compressor"]: r for r in records}
+    assert set(by) == {"none", "thc"}, text[-3000:]
+    for r in records:
+        assert r["status"] == "ok", r.get("error")
+        for key in ("compressor", "workload", "bandwidth_gbit", "step_time_s",
+                    "wire_bytes_per_step"):
+            assert key in r
+        assert r["workload"] == "tiny" and r["bandwidth_gbit"] == 1.0
+        assert r["step_time_s"] > 0 and r["server_cpu_s_per_step"] is not None
+    # THC moves far fewer bytes (4 bits up, 8 down, against 32 + 32; small tensors stay fp32)
+    assert by["thc"]["wire_bytes_per_step"] < 0.4 * by["none"]["wire_bytes_per_step"]
+    assert (tmp_path / "img" / "bench_step_time.png").exists()
+    assert _namespaces(f"thcb{p.pid}-") == []
