@@ -29,7 +29,8 @@ The model (one step of synchronous data-parallel training through one parameter 
    per push the decompress-and-add (THC: table lookup and integer add) and per round the
    recompression. Partitions pipeline with the network, so
        t_cpu = max(worker, server)          (every process on its own machine), or
-       t_cpu = max(worker, server, (n*worker + server) / cores)   (all on one host of `cores`)
+       t_cpu = max(worker, server, (n*worker + server + tcp) / cores)   (all on one host of
+   `cores`, where the kernel's TCP work on every byte, `tcp`, competes for the same cores)
    plus one partition's encode+decode as fill.
 5. step = compute + max(t_net, t_cpu) + fills + 2 round trips (THC adds its norm round trip).
 
@@ -55,7 +56,7 @@ DEFAULT_PARTITION_BYTES = 4096000      # BytePS's BYTEPS_PARTITION_BYTES default
 DEFAULT_MIN_COMPRESS_BYTES = 65536     # BytePS's BYTEPS_MIN_COMPRESS_BYTES default
 DEFAULT_EFFICIENCY = 0.93              # TCP goodput / line rate (measured 0.95 at 1 Gbit/s, tbf)
 COST_CACHE = os.path.join(os.path.expanduser("~"), ".cache", "byteps_thc", "advise-costs.json")
-COST_VERSION = 2
+COST_VERSION = 3
 
 # ------------------------------------------------------------------------------------------------
 # Models: the parameter (gradient) shapes, in the order the layers are defined.
@@ -287,6 +288,7 @@ COST_KEYS = (
     "onebit_c", "onebit_d",
     "topk_c", "randomk_c", "sparse_d",     # sparse_d: scatter k pairs into a zeroed partition
     "dither_c", "dither_d",
+    "tcp_byte",      # kernel TCP send + receive per payload byte (only when processes share a host)
 )
 
 
@@ -308,20 +310,63 @@ def _best_of(fn, repeats: int) -> float:
     return best
 
 
+def tcp_cost_per_byte(nbytes: int = 64 << 20) -> float:
+    """CPU seconds (both ends, kernel and user) per byte sent through loopback TCP."""
+    import socket
+    import threading
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+    got = [0]
+
+    def sink():
+        c, _ = srv.accept()
+        buf = bytearray(1 << 20)
+        while True:
+            k = c.recv_into(buf)
+            if not k:
+                break
+            got[0] += k
+        c.close()
+    t = threading.Thread(target=sink)
+    t.start()
+    cli = socket.create_connection(srv.getsockname())
+    chunk = b"\0" * (4 << 20)
+    c0 = os.times()
+    sent = 0
+    while sent < nbytes:
+        cli.sendall(chunk)
+        sent += len(chunk)
+    cli.close()
+    t.join()
+    c1 = os.times()
+    srv.close()
+    cpu = (c1.user - c0.user) + (c1.system - c0.system)
+    return cpu / max(1, got[0])
+
+
 def measure_costs(elems: int = 1 << 20, repeats: int = 5, thc_config=None) -> HostCosts:
-    """Time each operation on `elems` elements (best of `repeats`); about two seconds."""
+    """Time each operation on `elems` elements (best of `repeats`); a few seconds.
+
+    Memory-bound operations (copies, sums, casts) are timed on 16x larger arrays so that they
+    stream from memory as a model's gradients do, not from the cache."""
     import numpy as np
     rng = np.random.default_rng(1)
     x = rng.standard_normal(elems).astype(np.float32)
     y = rng.standard_normal(elems).astype(np.float32)
-    h = x.astype(np.float16)
-    h2 = y.astype(np.float16)
     out = np.empty_like(x)
     c: Dict[str, float] = {}
-    c["copy"] = _best_of(lambda: np.copyto(out, x), repeats) / elems
-    c["add_f32"] = _best_of(lambda: np.add(out, y, out=out), repeats) / elems
-    c["cast_f16"] = _best_of(lambda: x.astype(np.float16), repeats) / elems
-    c["add_f16"] = _best_of(lambda: np.add(h, h2, out=h), repeats) / elems
+    big = 16 * elems
+    bx = np.ones(big, np.float32)
+    by = np.ones(big, np.float32)
+    bh = bx.astype(np.float16)
+    bh2 = by.astype(np.float16)
+    c["copy"] = _best_of(lambda: np.copyto(by, bx), 3) / big
+    c["add_f32"] = _best_of(lambda: np.add(by, bx, out=by), 3) / big
+    c["cast_f16"] = _best_of(lambda: bx.astype(np.float16), 3) / big
+    c["add_f16"] = _best_of(lambda: np.add(bh, bh2, out=bh), 3) / big
+    del bx, by, bh, bh2
+    c["tcp_byte"] = tcp_cost_per_byte()
     source = "numpy"
     try:
         from .codec import ThcAggregator, ThcCodec
@@ -545,8 +590,9 @@ def predict_one(sc: Scenario, spec: CompressorSpec, costs: HostCosts) -> Predict
     scpu_t = scpu / sc.servers
     if sc.cores is None:
         cpu = max(wcpu_t, scpu_t)
-    else:
-        cpu = max(wcpu_t, scpu_t, (n * wcpu + scpu) / sc.cores)
+    else:  # one host: the workers, the server and the kernel's TCP work share its cores
+        tcp = n * (up + down) * costs.per_elem.get("tcp_byte", 0.0)
+        cpu = max(wcpu_t, scpu_t, (n * wcpu + scpu + tcp) / sc.cores)
     cpu += fill_cpu
     rtts = 2 if spec.name == "thc" and any(c for _, c in parts) else 1
     comm = max(net, cpu) + rtts * 2 * sc.latency_s

@@ -90,12 +90,26 @@ def test_compression_loses_when_the_network_is_fast_and_cpu_is_slow():
 
 
 def test_shared_host_serialises_cpu_work():
-    own = predict_one(sc(bandwidth_gbit=100.0), CompressorSpec("thc"), ONE_NS)
-    shared = predict_one(sc(bandwidth_gbit=100.0, cores=1), CompressorSpec("thc"), ONE_NS)
+    costs = HostCosts(dict(ONE_NS.per_elem, tcp_byte=0.0), "no tcp")
+    own = predict_one(sc(bandwidth_gbit=100.0), CompressorSpec("thc"), costs)
+    shared = predict_one(sc(bandwidth_gbit=100.0, cores=1), CompressorSpec("thc"), costs)
     assert shared.step_s > own.step_s
     # with one core, the two workers' and the server's CPU work add up
     w, s = own.worker_cpu_s, own.server_cpu_s
     assert shared.step_s - own.step_s == pytest.approx(2 * w + s - max(w, s), rel=1e-6)
+
+
+def test_shared_host_counts_kernel_tcp_work():
+    base = HostCosts(dict(ZERO.per_elem), "zero")
+    tcp = HostCosts(dict(ZERO.per_elem, tcp_byte=1e-9), "tcp")
+    a = predict_one(sc(bandwidth_gbit=1000.0, cores=2), CompressorSpec("none"), base)
+    b = predict_one(sc(bandwidth_gbit=1000.0, cores=2), CompressorSpec("none"), tcp)
+    assert b.bound == "cpu"
+    assert b.step_s - a.step_s == pytest.approx(b.wire_bytes_per_step * 1e-9 / 2
+                                                - a.network_s, rel=1e-6)
+    # on dedicated machines the NIC's work is not the host's
+    c = predict_one(sc(bandwidth_gbit=1000.0), CompressorSpec("none"), tcp)
+    assert c.step_s == pytest.approx(a.step_s)
 
 
 def test_byteps_compressors_pay_server_recompression_thc_does_not():
