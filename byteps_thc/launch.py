@@ -58,10 +58,12 @@ try:  # one spelling of each name: the configuration module's, once it is there
 except ImportError:  # pragma: no cover - only before the configuration module exists
     pass
 
-# Per-worker isolation on one host: BytePS's UNIX socket directory and the shared-memory name
-# prefix the fork reads (csrc/byteps/patches/README.md).
+# Per-worker isolation on one host: BytePS's UNIX socket directory. The fork tags its
+# shared-memory names with DMLC_PS_ROOT_URI, DMLC_PS_ROOT_PORT and DMLC_WORKER_ID
+# (patch 0007), and ps-lite binds DMLC_NODE_PORT rather than a plain PORT (patch 0008).
 ENV_SOCKET_PATH = "BYTEPS_SOCKET_PATH"
-ENV_SHM_PREFIX = "BYTEPS_SHM_PREFIX"
+ENV_NODE_PORT = "DMLC_NODE_PORT"
+SHM_PREFIX = "BytePS_ShM_"
 
 LOCAL_HOST = "127.0.0.1"
 
@@ -88,9 +90,10 @@ environment read by BytePS and this launcher (set them for a real multi-machine 
   DMLC_WORKER_ID         this worker's index, 0..DMLC_NUM_WORKER-1 (workers)
   DMLC_NODE_HOST         address this process announces (else DMLC_INTERFACE's / the first one)
   DMLC_INTERFACE         network interface to use
-  PORT                   port this server/worker binds (ps-lite; unset = any free one)
+  DMLC_NODE_PORT         port this server/worker binds (our ps-lite; unset = any free one)
   NVIDIA_VISIBLE_DEVICES GPUs of this machine: one worker process each (default 1 process)
-  BYTEPS_LOCAL_RANK, BYTEPS_LOCAL_SIZE   set by the launcher for each worker process
+  BYTEPS_LOCAL_SIZE      worker processes on this machine (default: one per GPU, else 1)
+  BYTEPS_LOCAL_RANK      set by the launcher for each worker process
   BYTEPS_FORCE_DISTRIBUTED=1   use the servers even with one worker
   BYTEPS_PARTITION_BYTES       tensor partition size (default 4096000)
   BYTEPS_MIN_COMPRESS_BYTES    smallest tensor that is compressed (default 65536)
@@ -98,8 +101,7 @@ environment read by BytePS and this launcher (set them for a real multi-machine 
                                launcher sets it when a compressor is chosen or with --local)
   BYTEPS_SERVER_ENGINE_THREAD  server summation threads (default 4)
   BYTEPS_SOCKET_PATH           directory of BytePS's local UNIX sockets
-  BYTEPS_SHM_PREFIX            prefix of BytePS's shared-memory names (our fork)
-  BYTEPS_NUMA_ON=0             do not pin workers to CPUs with numactl (default 1; off in --local)
+  BYTEPS_NUMA_ON=1             pin each local worker to CPUs with numactl (off by default)
   BYTEPS_VISIBLE_CPU_CORES     explicit CPU lists per local worker, e.g. 0-3:4-7
   BYTEPS_LOG_LEVEL             TRACE | DEBUG | INFO | WARNING (default) | ERROR | FATAL
   BYTEPS_ENABLE_GDB=1          run each worker under gdb
@@ -318,9 +320,9 @@ class Supervisor:
 
     Success: every worker exits 0, then the other roles leave by themselves (they are stopped
     after `shutdown_timeout` seconds if not). Failure, reported by name:
-    - any process exits non-zero or by a signal;
-    - a scheduler or server exits while workers still run;
-    - some workers finished but another still runs `grace` seconds later;
+    - any process exits non-zero or by a signal (at once);
+    - a process (worker, server or scheduler) exited 0 but a worker still runs `grace` seconds
+      later (at shutdown the roles leave a moment apart; longer means a hang);
     - `timeout` seconds passed.
     """
 
@@ -450,19 +452,17 @@ class Supervisor:
                                    f"stopping the other {rest} running process"
                                    f"{'es' if rest != 1 else ''}", failed=n)
             running_workers = [w for w in workers if codes[w] is None]
-            # 2. a scheduler or server leaving while workers still run
-            if running_workers:
-                for n, code in codes.items():
-                    if roles[n] != "worker" and code is not None:
-                        return Outcome(1, f"{n} (pid {self.procs[n].pid}) exited while "
-                                       f"{len(running_workers)} worker(s) still ran; stopping "
-                                       "them", failed=n)
-            # 3. workers that finished while another hangs
-            done = [w for w in workers if codes[w] == 0]
-            if done and first_done is None:
-                first_done = (done[0], now)
+            # 2./3. a process that left cleanly while workers still run: a server or the
+            # scheduler at shutdown, a worker that finished first. Normal for a moment; after
+            # `grace` seconds the workers that still run count as hung.
+            if first_done is None:
+                done = [n for n, c in codes.items() if c == 0]
+                if done:
+                    first_done = (done[0], now)
             if running_workers and first_done is not None and now - first_done[1] > self.grace:
-                return Outcome(1, f"{first_done[0]} finished {self.grace:.0f}s ago but "
+                n = first_done[0]
+                what = "finished" if roles[n] == "worker" else "exited"
+                return Outcome(1, f"{n} {what} {self.grace:.0f}s ago but "
                                f"{', '.join(running_workers)} still running; "
                                "stopping them (hung?)", failed=running_workers[0])
             # 4. all workers done: give the other roles time to leave
@@ -504,9 +504,18 @@ def free_ports(count: int, host: str = LOCAL_HOST) -> List[int]:
 # Variables a local cluster decides itself; whatever the caller's environment says is dropped.
 _CLUSTER_OWNED = ("DMLC_ROLE", "DMLC_WORKER_ID", "DMLC_NUM_WORKER", "DMLC_NUM_SERVER",
                   "DMLC_PS_ROOT_URI", "DMLC_PS_ROOT_PORT", "DMLC_NODE_HOST", "DMLC_INTERFACE",
-                  "PORT", "BYTEPS_LOCAL_RANK", "BYTEPS_LOCAL_SIZE", "BYTEPS_GLOBAL_RANK",
-                  ENV_SOCKET_PATH, ENV_SHM_PREFIX, "NVIDIA_VISIBLE_DEVICES",
-                  "BYTEPS_VISIBLE_CPU_CORES")
+                  ENV_NODE_PORT, "BYTEPS_LOCAL_RANK", "BYTEPS_LOCAL_SIZE", "BYTEPS_GLOBAL_RANK",
+                  ENV_SOCKET_PATH, "NVIDIA_VISIBLE_DEVICES", "BYTEPS_VISIBLE_CPU_CORES")
+
+
+def with_package_path(env: Dict[str, str]) -> Dict[str, str]:
+    """`env` with this package's parent directory on PYTHONPATH, so that the children (the
+    patched byteps.torch imports byteps_thc.torch) find byteps_thc even when it is not installed."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if root not in parts:
+        env = dict(env, PYTHONPATH=os.pathsep.join([root] + parts))
+    return env
 
 
 def server_argv(python: Optional[str] = None) -> List[str]:
@@ -542,14 +551,15 @@ def local_cluster_specs(num_workers: int, num_servers: int, command: Sequence[st
         "PYTHONUNBUFFERED": "1",
     })
     common.setdefault("BYTEPS_THREADPOOL_SIZE", _threadpool_size(num_workers))
+    common = with_package_path(common)
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     role_cmd = list(role_argv) if role_argv is not None else server_argv()
-    tag = os.path.basename(run_dir.rstrip("/")) or "bps"
     specs = [ProcSpec("scheduler", "scheduler", role_cmd,
-                      dict(common, DMLC_ROLE="scheduler", PORT=str(ports[0])))]
+                      dict(common, DMLC_ROLE="scheduler", **{ENV_NODE_PORT: str(ports[0])}))]
     for i in range(num_servers):
         specs.append(ProcSpec(f"server {i}", "server", role_cmd,
-                              dict(common, DMLC_ROLE="server", PORT=str(ports[1 + i]))))
+                              dict(common, DMLC_ROLE="server",
+                                   **{ENV_NODE_PORT: str(ports[1 + i])})))
     for i in range(num_workers):
         sock_dir = os.path.join(run_dir, f"worker{i}")
         env = dict(common)
@@ -557,11 +567,10 @@ def local_cluster_specs(num_workers: int, num_servers: int, command: Sequence[st
         env.update({
             "DMLC_ROLE": "worker",
             "DMLC_WORKER_ID": str(i),
-            "PORT": str(ports[1 + num_servers + i]),
+            ENV_NODE_PORT: str(ports[1 + num_servers + i]),
             "BYTEPS_LOCAL_RANK": "0",
             "BYTEPS_LOCAL_SIZE": "1",
             ENV_SOCKET_PATH: sock_dir,
-            ENV_SHM_PREFIX: f"BytePS_{tag}_w{i}_",
         })
         specs.append(ProcSpec(f"worker {i}", "worker", list(command), env))
     return specs
@@ -569,7 +578,8 @@ def local_cluster_specs(num_workers: int, num_servers: int, command: Sequence[st
 
 def cleanup_run(run_dir: str, specs: Sequence[ProcSpec]) -> None:
     """Remove the socket directories and any shared memory the workers left behind."""
-    prefixes = [s.env.get(ENV_SHM_PREFIX) for s in specs if s.env.get(ENV_SHM_PREFIX)]
+    prefixes = sorted({f"{SHM_PREFIX}{s.env['DMLC_PS_ROOT_URI']}_{s.env['DMLC_PS_ROOT_PORT']}_"
+                       for s in specs if s.role == "worker" and "DMLC_PS_ROOT_PORT" in s.env})
     shm = "/dev/shm"
     if prefixes and os.path.isdir(shm):
         for entry in os.listdir(shm):
@@ -593,7 +603,7 @@ def run_local(ns: argparse.Namespace, environ: Optional[Mapping[str, str]] = Non
             os.makedirs(s.env[ENV_SOCKET_PATH], exist_ok=True)
     err = err if err is not None else sys.stderr
     desc = ns.compressor or environ.get(ENV_COMPRESSOR) or "none"
-    err.write(f"bpslaunch: local cluster: scheduler 127.0.0.1:{specs[0].env['PORT']}, "
+    err.write(f"bpslaunch: local cluster: scheduler 127.0.0.1:{specs[0].env[ENV_NODE_PORT]}, "
               f"{num_servers} server(s), {ns.local} worker(s), compressor {desc}\n")
     err.flush()
     sup = Supervisor(specs, out=out, err=err, prefix=not ns.no_prefix, grace=ns.grace,
@@ -613,7 +623,7 @@ def run_local(ns: argparse.Namespace, environ: Optional[Mapping[str, str]] = Non
 # ------------------------------------------------------------------------------------------------
 def _cpu_allocation(local_size: int, environ: Mapping[str, str]) -> Optional[List[str]]:
     """numactl CPU lists per local worker, or None when pinning is off or impossible."""
-    if environ.get("BYTEPS_NUMA_ON", "1") != "1" or shutil.which("numactl") is None:
+    if environ.get("BYTEPS_NUMA_ON", "0") != "1" or shutil.which("numactl") is None:
         return None
     override = environ.get("BYTEPS_VISIBLE_CPU_CORES", "").strip()
     if override:
@@ -638,7 +648,7 @@ def role_specs(environ: Mapping[str, str], command: Sequence[str]) -> List[ProcS
     missing = [k for k in required if k not in environ]
     if missing:
         raise ValueError(f"DMLC_ROLE={role} needs {', '.join(missing)} in the environment")
-    env = dict(environ)
+    env = with_package_path(dict(environ))
     env["PYTHONUNBUFFERED"] = "1"
     if role != "worker":
         distributed = (env.get("BYTEPS_FORCE_DISTRIBUTED", "") == "1"
@@ -649,7 +659,10 @@ def role_specs(environ: Mapping[str, str], command: Sequence[str]) -> List[ProcS
     if not command:
         raise ValueError("a worker needs a command: bpslaunch [flags] CMD ...")
     gpus = env.get("NVIDIA_VISIBLE_DEVICES", "")
-    local_size = len(gpus.split(",")) if gpus else 1
+    if env.get("BYTEPS_LOCAL_SIZE", "").strip():
+        local_size = int(env["BYTEPS_LOCAL_SIZE"])
+    else:
+        local_size = len(gpus.split(",")) if gpus else 1
     alloc = _cpu_allocation(local_size, env)
     specs = []
     for i in range(local_size):

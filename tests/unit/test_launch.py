@@ -114,8 +114,8 @@ def test_help_documents_flags_and_environment(capsys):
 
 # -- local cluster environment -------------------------------------------------------------------
 def _specs(n=2, m=1, base=None, extra=None, tmp="/tmp/bpsXYZ"):
-    base = {"PATH": "/usr/bin", "PORT": "8080", "DMLC_ROLE": "worker", "DMLC_WORKER_ID": "5",
-            "HOME": "/root"} if base is None else base
+    base = {"PATH": "/usr/bin", "DMLC_NODE_PORT": "8080", "DMLC_ROLE": "worker",
+            "DMLC_WORKER_ID": "5", "HOME": "/root", "PORT": "8080"} if base is None else base
     ports = list(range(9000, 9000 + 1 + m + n))
     return launch.local_cluster_specs(n, m, ["python", "t.py"], base, tmp, ports=ports,
                                       extra_env=extra)
@@ -126,7 +126,7 @@ def test_local_cluster_roles_ports_and_isolation():
     assert [s.name for s in specs] == ["scheduler", "server 0", "server 1",
                                        "worker 0", "worker 1", "worker 2"]
     assert [s.role for s in specs] == ["scheduler", "server", "server", "worker", "worker", "worker"]
-    ports = [s.env["PORT"] for s in specs]
+    ports = [s.env["DMLC_NODE_PORT"] for s in specs]
     assert ports == [str(p) for p in range(9000, 9006)]  # every process its own port
     for s in specs:
         e = s.env
@@ -136,15 +136,18 @@ def test_local_cluster_roles_ports_and_isolation():
         assert e["DMLC_NODE_HOST"] == "127.0.0.1"
         assert e["BYTEPS_NUMA_ON"] == "0" and e["BYTEPS_FORCE_DISTRIBUTED"] == "1"
         assert int(e["BYTEPS_THREADPOOL_SIZE"]) >= 1
-        assert e["HOME"] == "/root"  # the rest of the environment passes through
+        assert e["HOME"] == "/root" and e["PORT"] == "8080"  # the rest passes through
+        # children import byteps_thc (the patched byteps.torch does) installed or not
+        import byteps_thc
+        root = os.path.dirname(os.path.dirname(os.path.abspath(byteps_thc.__file__)))
+        assert e["PYTHONPATH"].split(os.pathsep)[0] == root
     workers = specs[3:]
     assert [w.env["DMLC_WORKER_ID"] for w in workers] == ["0", "1", "2"]
     assert all(w.argv == ["python", "t.py"] for w in workers)
     assert all(w.env["BYTEPS_LOCAL_RANK"] == "0" and w.env["BYTEPS_LOCAL_SIZE"] == "1"
                for w in workers)
     socks = {w.env["BYTEPS_SOCKET_PATH"] for w in workers}
-    shms = {w.env["BYTEPS_SHM_PREFIX"] for w in workers}
-    assert len(socks) == 3 and len(shms) == 3
+    assert len(socks) == 3
     assert all(p.startswith("/tmp/bpsXYZ/") for p in socks)
     assert "DMLC_WORKER_ID" not in specs[0].env and "DMLC_WORKER_ID" not in specs[1].env
     assert specs[0].argv[1:] == ["-c", "import byteps.server"]
@@ -158,6 +161,24 @@ def test_local_cluster_keeps_user_choices_and_adds_compression():
         assert s.env["BYTEPS_THREADPOOL_SIZE"] == "3"
         assert s.env["BYTEPS_COMPRESSOR"] == "thc" and s.env["BYTEPS_THC_BITS"] == "4"
     assert all(s.env["OMP_NUM_THREADS"] == "5" for s in specs if s.role == "worker")
+
+
+def test_cleanup_removes_the_clusters_shared_memory_only(tmp_path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    specs = _specs(tmp=str(run_dir))
+    mine = "/dev/shm/BytePS_ShM_127.0.0.1_9000_1_65536"
+    other = "/dev/shm/BytePS_ShM_127.0.0.1_9001_1_65536"
+    for f in (mine, other):
+        open(f, "w").close()
+    try:
+        launch.cleanup_run(str(run_dir), specs)
+        assert not os.path.exists(mine) and os.path.exists(other)
+        assert not run_dir.exists()
+    finally:
+        for f in (mine, other):
+            if os.path.exists(f):
+                os.unlink(f)
 
 
 def test_free_ports_are_distinct():
@@ -314,9 +335,27 @@ def test_worker_killed_by_a_signal_is_reported():
 def test_server_leaving_early_fails_the_cluster():
     specs = [_spec("scheduler", "scheduler", SERVE), _spec("server 0", "server", _py("pass")),
              _spec("worker 0", "worker", SERVE)]
+    outcome, out, err, took = _run(specs, grace=0.5)
+    assert outcome.code == 1 and outcome.failed == "worker 0"
+    assert "server 0 exited" in err and "worker 0 still running" in err and took < 8
+
+
+def test_server_crash_fails_the_cluster_at_once():
+    specs = [_spec("scheduler", "scheduler", SERVE),
+             _spec("server 0", "server", _py("import time, sys; time.sleep(0.3); sys.exit(1)")),
+             _spec("worker 0", "worker", SERVE)]
     outcome, out, err, took = _run(specs)
     assert outcome.code == 1 and outcome.failed == "server 0"
-    assert "server 0" in err and "exited while" in err and took < 8
+    assert "server 0" in err and "exited with code 1" in err and took < 5
+
+
+def test_roles_leaving_a_moment_apart_is_success(tmp_path):
+    stop = str(tmp_path / "stop")
+    specs = [_spec("server 0", "server", SERVE, STOP=stop),
+             _spec("worker 0", "worker", _py(f"import time; open({stop!r}, 'a').close(); "
+                                              "time.sleep(0.5)"))]
+    outcome, out, err, took = _run(specs)
+    assert outcome.code == 0, err
 
 
 def test_hung_worker_after_others_finished_fails_after_grace():
