@@ -1,0 +1,158 @@
+"""`bpslaunch --local N` with the real BytePS scheduler, servers and workers on 127.0.0.1.
+
+Skipped when the BytePS fork is not installed (`make byteps`).
+"""
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _have_byteps():
+    try:  # find_spec, not import: importing byteps.server starts a server
+        return all(importlib.util.find_spec(m) is not None for m in ("byteps.server", "byteps.torch"))
+    except ModuleNotFoundError:
+        return False
+
+
+pytestmark = pytest.mark.skipif(not _have_byteps(), reason="BytePS fork not installed (make byteps)")
+
+
+def bpslaunch(args, timeout=240, env=None):
+    """Run our launcher; returns (exit code, stdout, stderr, seconds)."""
+    e = dict(os.environ if env is None else env)
+    e["PYTHONPATH"] = os.pathsep.join([ROOT] + [p for p in e.get("PYTHONPATH", "").split(os.pathsep) if p])
+    e.pop("BYTEPS_COMPRESSOR", None)
+    t0 = time.monotonic()
+    p = subprocess.run([sys.executable, "-m", "byteps_thc.launch"] + list(args), cwd=ROOT, env=e,
+                       capture_output=True, text=True, timeout=timeout)
+    return p.returncode, p.stdout, p.stderr, time.monotonic() - t0
+
+
+def worker_script(tmp_path, body):
+    path = tmp_path / "worker.py"
+    path.write_text(textwrap.dedent("""
+        import os, sys, time
+        import torch
+        import byteps.torch as bps
+        bps.init()
+        rank, size = bps.rank(), bps.size()
+    """) + textwrap.dedent(body) + "\nbps.shutdown()\n")
+    return str(path)
+
+
+def scheduler_port(stderr):
+    m = re.search(r"scheduler 127\.0\.0\.1:(\d+)", stderr)
+    assert m, stderr
+    return m.group(1)
+
+
+def processes_of_cluster(port):
+    """PIDs of live processes whose environment names this cluster's scheduler port."""
+    pids = []
+    needle = f"DMLC_PS_ROOT_PORT={port}".encode()
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                envs = f.read().split(b"\0")
+            with open(f"/proc/{pid}/stat") as f:
+                state = f.read().rsplit(")", 1)[-1].split()[0]
+        except OSError:
+            continue
+        if needle in envs and state != "Z":
+            pids.append(int(pid))
+    return pids
+
+
+def shm_of_cluster(port):
+    return [f for f in os.listdir("/dev/shm") if f.startswith(f"BytePS_ShM_127.0.0.1_{port}_")] \
+        if os.path.isdir("/dev/shm") else []
+
+
+def test_push_pull_sums_across_two_workers(tmp_path):
+    script = worker_script(tmp_path, """
+        for n in (1000, 300000):                       # small (one partition) and larger
+            t = torch.full((n,), float(rank + 1))
+            out = bps.push_pull(t, average=False, name=f"sum.{n}")
+            assert torch.equal(out, torch.full((n,), 3.0)), out[:4]
+            avg = bps.push_pull(t, average=True, name=f"avg.{n}")
+            assert torch.allclose(avg, torch.full((n,), 1.5)), avg[:4]
+        print("push_pull ok", rank, size, flush=True)
+    """)
+    code, out, err, took = bpslaunch(["--local", "2", "--timeout", "180", "--", sys.executable, script])
+    assert code == 0, out + err
+    assert "[worker 0] push_pull ok 0 2" in out and "[worker 1] push_pull ok 1 2" in out
+    port = scheduler_port(err)
+    assert processes_of_cluster(port) == [] and shm_of_cluster(port) == []
+
+
+def test_worker_exiting_early_ends_the_cluster_in_seconds(tmp_path):
+    script = worker_script(tmp_path, """
+        t = torch.ones(1000)
+        bps.push_pull(t, name="first")                 # the cluster is up and working
+        if rank == 1:
+            print("worker 1 leaves", flush=True)
+            os._exit(3)                                # no shutdown: the others would wait forever
+        for i in range(100000):
+            bps.push_pull(t, name="again")
+    """)
+    code, out, err, took = bpslaunch(["--local", "2", "--timeout", "200", "--", sys.executable, script])
+    assert code == 3, out + err
+    assert "worker 1" in err and "exited with code 3" in err, err
+    assert "[worker 1] worker 1 leaves" in out
+    # seconds after the exit, not the timeout: the launcher started up to ~tens of seconds
+    # before worker 1 left; the stop itself takes at most the kill timeout
+    assert took < 120, took
+    port = scheduler_port(err)
+    time.sleep(0.5)
+    assert processes_of_cluster(port) == [], "orphans left behind"
+    assert shm_of_cluster(port) == []
+
+
+def test_env_only_launch_as_upstream(tmp_path):
+    """One `bpslaunch` per role from DMLC_* variables alone, as BytePS users run it."""
+    from byteps_thc.launch import free_ports
+    script = worker_script(tmp_path, """
+        out = bps.push_pull(torch.full((10,), float(rank)), average=False, name="x")
+        assert torch.equal(out, torch.full((10,), 1.0))
+        print("env-only ok", rank, flush=True)
+    """)
+    port, sport, w0, w1 = free_ports(4)
+    base = dict(os.environ, DMLC_NUM_WORKER="2", DMLC_NUM_SERVER="1",
+                DMLC_PS_ROOT_URI="127.0.0.1", DMLC_PS_ROOT_PORT=str(port),
+                DMLC_NODE_HOST="127.0.0.1",
+                PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+    base.pop("BYTEPS_COMPRESSOR", None)
+    roles = [("scheduler", {}), ("server", {"DMLC_NODE_PORT": str(sport)}),
+             ("worker", {"DMLC_WORKER_ID": "0", "DMLC_NODE_PORT": str(w0),
+                         "BYTEPS_SOCKET_PATH": str(tmp_path)}),
+             ("worker", {"DMLC_WORKER_ID": "1", "DMLC_NODE_PORT": str(w1),
+                         "BYTEPS_SOCKET_PATH": str(tmp_path / "w1")})]
+    (tmp_path / "w1").mkdir()
+    procs = []
+    try:
+        for role, extra in roles:
+            env = dict(base, DMLC_ROLE=role, **extra)
+            argv = [sys.executable, "-m", "byteps_thc.launch"]
+            if role == "worker":
+                argv += [sys.executable, script]
+            procs.append(subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                          stderr=subprocess.STDOUT, text=True,
+                                          start_new_session=True))
+        outs = [p.communicate(timeout=180)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, 9)
+                p.wait()
+    assert [p.returncode for p in procs] == [0, 0, 0, 0], outs
+    assert "env-only ok 0" in outs[2] and "env-only ok 1" in outs[3]
