@@ -1,0 +1,78 @@
+// byteps-thc CUDA: device helpers every kernel family shares (random streams, dtype loads,
+// the exact float operations of docs/ALGORITHM.md). Not part of the public interface.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "thc_cuda.h"
+
+namespace thc {
+namespace cuda {
+namespace detail {
+
+// -- random streams (docs/ALGORITHM.md, "Random streams") -------------------------------------
+__host__ __device__ inline uint64_t SplitMix64(uint64_t x) {
+  uint64_t z = x + 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+__host__ __device__ inline uint32_t Hash32(uint32_t x) {
+  x ^= x >> 16;
+  x *= 0x7FEB352Du;
+  x ^= x >> 15;
+  x *= 0x846CA68Bu;
+  x ^= x >> 16;
+  return x;
+}
+__host__ __device__ inline uint32_t SignKey(uint64_t seed) {
+  return static_cast<uint32_t>(SplitMix64(seed));
+}
+__host__ __device__ inline uint32_t RoundKey(uint64_t seed, uint32_t rank, uint64_t step) {
+  return static_cast<uint32_t>(SplitMix64(SplitMix64(seed ^ 0x5448435F524E4421ull) ^
+                                          SplitMix64((static_cast<uint64_t>(rank) << 40) ^ step)));
+}
+
+// Sign bit (0 or 0x80000000) of padded coordinate j.
+__device__ __forceinline__ uint32_t SignMask(uint32_t sign_key, uint64_t j) {
+  const uint32_t word = Hash32(sign_key ^ static_cast<uint32_t>(j >> 5));
+  return ((word >> (static_cast<uint32_t>(j) & 31u)) & 1u) << 31;
+}
+__device__ __forceinline__ float FlipSign(float v, uint32_t mask) {
+  return __uint_as_float(__float_as_uint(v) ^ mask);
+}
+// u_j in [0, 1), an exact multiple of 2^-24.
+__device__ __forceinline__ float Uniform(uint32_t round_key, uint64_t j) {
+  const uint32_t h = Hash32(round_key ^ static_cast<uint32_t>(j));
+  return __fmul_rn(__uint2float_rn(h >> 8), 5.9604644775390625e-08f);
+}
+
+// -- dtype loads / stores (exact widening to binary32) ----------------------------------------
+__device__ __forceinline__ float ToFloat(float v) { return v; }
+__device__ __forceinline__ float ToFloat(__half v) { return __half2float(v); }
+__device__ __forceinline__ float ToFloat(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+__device__ __forceinline__ void StoreCast(void* out, uint64_t j, float v, int dtype) {
+  if (dtype == kFloat16) {
+    static_cast<__half*>(out)[j] = __float2half_rn(v);
+  } else if (dtype == kBFloat16) {
+    static_cast<__nv_bfloat16*>(out)[j] = __float2bfloat16_rn(v);
+  } else {
+    static_cast<float*>(out)[j] = v;
+  }
+}
+
+// The max norm M, read where it lives; false if it is not finite or negative.
+__device__ __forceinline__ bool ReadMaxNorm(const double* dev, double host, double* m) {
+  const double v = dev ? *dev : host;
+  *m = v;
+  return v >= 0.0 && v <= 1.7976931348623157e308;  // false for NaN and +Inf
+}
+
+}  // namespace detail
+}  // namespace cuda
+}  // namespace thc

@@ -1,0 +1,327 @@
+// byteps-thc CUDA: the host side. Checks arguments, plans the passes of one call and dispatches
+// on dtype, lane width and tile size, all in this one place; the kernel families only define
+// kernels (tile.cuh, encode.cu, decode.cu, hadamard.cu, norm.cu, aggregate.cu).
+//
+// Plan of a rotation block of 2^L coordinates:
+//   L <= 14: one kernel; a tile of 2^12 (L <= 12) or 2^14 floats holds whole blocks.
+//   L >= 15: a row pass for the low 12 (or 14) bits, then column passes of at most 11 bits each,
+//            through a workspace of d_pad floats. With error feedback, e takes the same passes.
+#include <cmath>
+#include <string>
+
+#include "kernels.cuh"
+#include "tile.cuh"
+
+namespace thc {
+namespace cuda {
+
+using detail::Dst;
+using detail::Src;
+using detail::TileParams;
+
+namespace {
+
+std::string Fail(const char* what, cudaError_t err) {
+  return std::string("thc.cuda: ") + what + ": " + cudaGetErrorString(err);
+}
+
+int Log2(uint64_t v) {
+  int l = 0;
+  while ((uint64_t{1} << l) < v) ++l;
+  return l;
+}
+
+struct Pass {
+  int lt, log_c, lo, tb, te;
+  uint32_t tiles;
+};
+
+struct Plan {
+  int n = 0;
+  Pass pass[34];
+};
+
+Plan MakePlan(const Code& code, const Geometry& g) {
+  Plan plan;
+  const int L = g.log_block;
+  const int fused = code.fused_max_log;
+  const int colmax = code.column_max_bits;
+  if (L <= fused) {
+    const int lt = L <= detail::kSmallTile ? detail::kSmallTile : detail::kLargeTile;
+    const uint64_t tile = uint64_t{1} << lt;
+    plan.pass[plan.n++] = Pass{lt, lt, lt, 0, L, static_cast<uint32_t>((g.padded + tile - 1) / tile)};
+    return plan;
+  }
+  const int row = (L <= detail::kLargeTile || L - detail::kSmallTile <= colmax) ? detail::kSmallTile
+                                                                             : detail::kLargeTile;
+  plan.pass[plan.n++] = Pass{row, row, row, 0, row, static_cast<uint32_t>(g.padded >> row)};
+  const int rem = L - row;
+  const int np = (rem + colmax - 1) / colmax;
+  int lo = row;
+  for (int k = 0; k < np; ++k) {
+    const int rb = rem / np + (k < rem % np ? 1 : 0);
+    const int lt = rb <= 9 ? detail::kSmallTile : detail::kLargeTile;
+    plan.pass[plan.n++] = Pass{lt, lt - rb, lo, lt - rb, lt, static_cast<uint32_t>(g.padded >> lt)};
+    lo += rb;
+  }
+  return plan;
+}
+
+void SetPass(TileParams* p, const Pass& s) {
+  p->log_c = s.log_c;
+  p->lo = s.lo;
+  p->tb = s.tb;
+  p->te = s.te;
+  p->num_tiles = s.tiles;
+}
+
+template <Src S, Dst D, typename T>
+cudaError_t Tile(const Pass& s, TileParams* p, cudaStream_t stream) {
+  SetPass(p, s);
+  return s.lt == detail::kSmallTile ? detail::LaunchTile<detail::kSmallTile, S, D, T>(*p, stream)
+                                    : detail::LaunchTile<detail::kLargeTile, S, D, T>(*p, stream);
+}
+
+// Fills the fields every kernel of a call shares.
+void BaseParams(const Code& code, const Geometry& g, TileParams* p) {
+  p->d = g.d;
+  p->padded = g.padded;
+  p->payload_bytes = g.payload_bytes;
+  p->bits = code.bits;
+  p->levels = 1 << code.bits;
+  p->granularity = code.granularity;
+  p->clip = code.clip;
+  p->sqrt_padded = std::sqrt(static_cast<double>(g.padded));
+  p->sqrt_block = std::sqrt(static_cast<double>(g.block));
+  p->inv_block = static_cast<float>(1.0 / static_cast<double>(g.block));
+  p->sign_key = detail::SignKey(code.seed);
+  const int K = 1 << code.bits;
+  for (int i = 0; i < 256; ++i) {
+    p->table[i] = i < K ? code.table[i] : code.granularity;
+    p->inv_gap[i] = i < K - 1 ? static_cast<float>(1.0 / static_cast<double>(
+                                                             code.table[i + 1] - code.table[i]))
+                              : 0.f;
+  }
+}
+
+// The transform passes between the first and the last: workspace -> workspace.
+cudaError_t MiddlePasses(const Plan& plan, TileParams* p, float* ws, cudaStream_t stream) {
+  p->first = false;
+  p->src = ws;
+  p->scratch = ws;
+  for (int k = 1; k + 1 < plan.n; ++k) {
+    const cudaError_t err = Tile<Src::kScratch, Dst::kScratch, float>(plan.pass[k], p, stream);
+    if (err != cudaSuccess) return err;
+  }
+  return cudaSuccess;
+}
+
+template <typename T>
+cudaError_t EncodeT(const Plan& plan, TileParams* p, const EncodeArgs& a, cudaStream_t stream) {
+  const bool ef = a.residual != nullptr;
+  p->first = true;
+  p->src = a.grad;
+  p->res_in = a.residual;
+  p->res_out = a.residual;
+  p->payload = a.payload;
+  if (plan.n == 1) {
+    p->ef_mode = ef ? detail::kEfInTile : detail::kEfNone;
+    return Tile<Src::kGrad, Dst::kQuant, T>(plan.pass[0], p, stream);
+  }
+  p->scratch = a.workspace;
+  cudaError_t err = Tile<Src::kGrad, Dst::kScratch, T>(plan.pass[0], p, stream);
+  if (err == cudaSuccess) err = MiddlePasses(plan, p, a.workspace, stream);
+  if (err != cudaSuccess) return err;
+  p->ef_mode = ef ? detail::kEfScratch : detail::kEfNone;
+  err = Tile<Src::kScratch, Dst::kQuant, float>(plan.pass[plan.n - 1], p, stream);
+  if (err != cudaSuccess || !ef) return err;
+  // The transform of e: the same passes, ending in the residual.
+  p->ef_mode = detail::kEfNone;
+  err = Tile<Src::kScratch, Dst::kScratch, float>(plan.pass[0], p, stream);
+  if (err == cudaSuccess) err = MiddlePasses(plan, p, a.workspace, stream);
+  if (err != cudaSuccess) return err;
+  return Tile<Src::kScratch, Dst::kResidual, float>(plan.pass[plan.n - 1], p, stream);
+}
+
+template <typename L>
+cudaError_t DecodeT(const Plan& plan, TileParams* p, const DecodeArgs& a, cudaStream_t stream) {
+  p->first = true;
+  p->src = a.sums;
+  p->out = a.out;
+  p->out_cast = a.out_cast;
+  p->out_dtype = a.out_dtype;
+  if (plan.n == 1) return Tile<Src::kSums, Dst::kOut, L>(plan.pass[0], p, stream);
+  p->scratch = a.workspace;
+  cudaError_t err = Tile<Src::kSums, Dst::kScratch, L>(plan.pass[0], p, stream);
+  if (err == cudaSuccess) err = MiddlePasses(plan, p, a.workspace, stream);
+  if (err != cudaSuccess) return err;
+  return Tile<Src::kScratch, Dst::kOut, float>(plan.pass[plan.n - 1], p, stream);
+}
+
+std::string CheckSizes(const Code& code, uint64_t d, Geometry* g) {
+  const std::string bad = ValidateCode(code);
+  if (!bad.empty()) return bad;
+  if (d < 1) return "thc.cuda: a partition needs at least one element (d=0)";
+  *g = MakeGeometry(code, d);
+  if (g->padded > (uint64_t{1} << 32))
+    return "thc.cuda: d=" + std::to_string(d) + " pads to more than 2^32 coordinates";
+  return "";
+}
+
+}  // namespace
+
+std::string ValidateCode(const Code& code) {
+  if (code.bits < 1 || code.bits > 8)
+    return "thc.cuda: bits=" + std::to_string(code.bits) + " must be in 1..8";
+  const uint32_t K = 1u << code.bits;
+  if (code.granularity < K - 1 || code.granularity > (1u << 24) - 1)
+    return "thc.cuda: granularity=" + std::to_string(code.granularity) +
+           " must be in [2^bits - 1, 2^24 - 1]";
+  if (!(code.clip > 0) || !std::isfinite(code.clip))
+    return "thc.cuda: clip=" + std::to_string(code.clip) + " must be finite and > 0";
+  if (code.rotation_block & (code.rotation_block - 1))
+    return "thc.cuda: rotation_block=" + std::to_string(code.rotation_block) +
+           " must be 0 or a power of two";
+  if (code.fused_max_log != detail::kSmallTile && code.fused_max_log != detail::kLargeTile)
+    return "thc.cuda: fused_max_log must be 12 or 14";
+  if (code.column_max_bits < 1 || code.column_max_bits > 11)
+    return "thc.cuda: column_max_bits must be in 1..11";
+  if (code.table[0] != 0 || code.table[K - 1] != code.granularity)
+    return "thc.cuda: table must start at 0 and end at granularity";
+  for (uint32_t i = 0; i + 1 < K; ++i) {
+    if (code.table[i + 1] <= code.table[i]) return "thc.cuda: table must be strictly increasing";
+  }
+  return "";
+}
+
+Geometry MakeGeometry(const Code& code, uint64_t d) {
+  Geometry g;
+  g.d = d;
+  uint64_t whole = 1;
+  while (whole < d) whole <<= 1;
+  g.block = code.rotation_block && code.rotation_block < whole ? code.rotation_block : whole;
+  g.padded = (d + g.block - 1) / g.block * g.block;
+  g.payload_bytes = (g.padded * static_cast<uint64_t>(code.bits) + 7) / 8;
+  g.log_block = Log2(g.block);
+  return g;
+}
+
+int LaneBits(const Code& code, uint32_t num_workers) {
+  const uint64_t top = static_cast<uint64_t>(num_workers) * code.granularity;
+  if (top <= 0xFFu) return 8;
+  if (top <= 0xFFFFu) return 16;
+  if (top <= 0xFFFFFFFFu) return 32;
+  return 0;
+}
+
+uint64_t WorkspaceFloats(const Code& code, uint64_t d) {
+  const Geometry g = MakeGeometry(code, d < 1 ? 1 : d);
+  return g.log_block <= code.fused_max_log ? 0 : g.padded;
+}
+
+std::string LaunchNorm(const NormArgs& a, cudaStream_t stream) {
+  if (!a.grad || !a.norm || !a.status) return "thc.cuda: norm needs grad, norm and status";
+  if (a.d < 1) return "thc.cuda: a partition needs at least one element (d=0)";
+  const cudaError_t err = detail::LaunchNormKernels(a, stream);
+  return err == cudaSuccess ? "" : Fail("norm launch", err);
+}
+
+std::string LaunchEncode(const Code& code, const EncodeArgs& a, cudaStream_t stream) {
+  Geometry g;
+  std::string bad = CheckSizes(code, a.d, &g);
+  if (!bad.empty()) return bad;
+  if (!a.grad || !a.payload) return "thc.cuda: encode needs grad and payload";
+  if (a.rank >= (1u << 24)) return "thc.cuda: rank=" + std::to_string(a.rank) + " must be < 2^24";
+  if (a.step >= (uint64_t{1} << 40)) return "thc.cuda: step must be < 2^40";
+  const Plan plan = MakePlan(code, g);
+  if (plan.n > 1 && (reinterpret_cast<uintptr_t>(a.workspace) & 15))
+    return "thc.cuda: the workspace must be 16-byte aligned";
+  if (plan.n > 1 && !a.workspace)
+    return "thc.cuda: encode of a block of 2^" + std::to_string(g.log_block) +
+           " needs a workspace of " + std::to_string(g.padded) + " floats";
+  TileParams p;
+  BaseParams(code, g, &p);
+  p.round_key = detail::RoundKey(code.seed, a.rank, a.step);
+  p.max_norm_dev = a.max_norm_dev;
+  p.max_norm = a.max_norm;
+  p.status = a.status;
+  p.status_out = a.status_out;
+  cudaError_t err;
+  switch (a.dtype) {
+    case kFloat16: err = EncodeT<__half>(plan, &p, a, stream); break;
+    case kBFloat16: err = EncodeT<__nv_bfloat16>(plan, &p, a, stream); break;
+    case kFloat32: err = EncodeT<float>(plan, &p, a, stream); break;
+    default: return "thc.cuda: unknown dtype " + std::to_string(a.dtype);
+  }
+  return err == cudaSuccess ? "" : Fail("encode launch", err);
+}
+
+std::string LaunchAggregate(const Code& code, const AggregateArgs& a, cudaStream_t stream) {
+  Geometry g;
+  std::string bad = CheckSizes(code, a.d, &g);
+  if (!bad.empty()) return bad;
+  if (a.lane_bits != 8 && a.lane_bits != 16 && a.lane_bits != 32)
+    return "thc.cuda: lane_bits=" + std::to_string(a.lane_bits) + " must be 8, 16 or 32";
+  if (!a.sums || (a.count > 0 && !a.payloads)) return "thc.cuda: aggregate needs payloads and sums";
+  if (a.count > 1 && a.stride < g.payload_bytes)
+    return "thc.cuda: payload stride " + std::to_string(a.stride) + " < payload bytes " +
+           std::to_string(g.payload_bytes);
+  const cudaError_t err = detail::LaunchAggregateKernel(code, a, g.padded, stream);
+  return err == cudaSuccess ? "" : Fail("aggregate launch", err);
+}
+
+std::string LaunchDecode(const Code& code, const DecodeArgs& a, cudaStream_t stream) {
+  Geometry g;
+  std::string bad = CheckSizes(code, a.d, &g);
+  if (!bad.empty()) return bad;
+  if (!a.sums || (!a.out && !a.out_cast)) return "thc.cuda: decode needs sums and an output";
+  if (a.num_workers < 1) return "thc.cuda: num_workers must be >= 1";
+  const int lanes = LaneBits(code, a.num_workers);
+  if (lanes == 0) return "thc.cuda: num_workers * granularity does not fit 32 bits";
+  if (a.lane_bits != lanes)
+    return "thc.cuda: lane_bits=" + std::to_string(a.lane_bits) + " but " +
+           std::to_string(a.num_workers) + " workers need " + std::to_string(lanes);
+  if (a.out_cast && a.out_dtype != kFloat32 && a.out_dtype != kFloat16 && a.out_dtype != kBFloat16)
+    return "thc.cuda: unknown out_dtype " + std::to_string(a.out_dtype);
+  const Plan plan = MakePlan(code, g);
+  if (plan.n > 1 && (reinterpret_cast<uintptr_t>(a.workspace) & 15))
+    return "thc.cuda: the workspace must be 16-byte aligned";
+  if (plan.n > 1 && !a.workspace)
+    return "thc.cuda: decode of a block of 2^" + std::to_string(g.log_block) +
+           " needs a workspace of " + std::to_string(g.padded) + " floats";
+  TileParams p;
+  BaseParams(code, g, &p);
+  p.num_workers = a.num_workers;
+  p.max_norm_dev = a.max_norm_dev;
+  p.max_norm = a.max_norm;
+  p.status = a.status;
+  p.status_out = a.status_out;
+  cudaError_t err;
+  switch (a.lane_bits) {
+    case 8: err = DecodeT<uint8_t>(plan, &p, a, stream); break;
+    case 16: err = DecodeT<uint16_t>(plan, &p, a, stream); break;
+    default: err = DecodeT<uint32_t>(plan, &p, a, stream); break;
+  }
+  return err == cudaSuccess ? "" : Fail("decode launch", err);
+}
+
+int DeviceCount() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky-free error so later calls start clean
+    return 0;
+  }
+  return n;
+}
+
+std::string DeviceName(int dev) {
+  cudaDeviceProp prop;
+  if (cudaGetDeviceProperties(&prop, dev) != cudaSuccess) {
+    cudaGetLastError();
+    return "";
+  }
+  return prop.name;
+}
+
+}  // namespace cuda
+}  // namespace thc
