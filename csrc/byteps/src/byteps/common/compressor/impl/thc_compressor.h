@@ -1,0 +1,79 @@
+// byteps-thc: THC in BytePS's compressor registry (worker side), name "thc".
+//
+// One instance per partition (BytePS creates one per key). It owns the partition's thc::Encoder
+// (which keeps THC's own error-feedback residual, so BytePS's EF decorator is never stacked on
+// it) and the buffers the pipeline needs:
+//   THC_NORM stage (common/thc_stage.cc): Bind() the key, LocalNorm(), the max-norm round;
+//   COMPRESS: Compress() = header + thc::Encoder::Encode with the max norm;
+//   PULL:     into ReceiveBuffer() (the integer sums can be larger than the partition's bytes);
+//   DECOMPRESS: Decompress() = thc::Decode, times n (BytePS's pull returns sums; push_pull
+//               with average=True divides by n again).
+#ifndef BYTEPS_COMPRESSOR_THC_COMPRESSOR_H
+#define BYTEPS_COMPRESSOR_THC_COMPRESSOR_H
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "../compressor.h"
+#include "thc_wire.h"
+
+namespace byteps {
+namespace common {
+namespace compressor {
+
+class ThcCompressor : public Compressor {
+ public:
+  ThcCompressor(size_t size, DataType dtype, thcwire::ThcSettings settings);
+  ~ThcCompressor() override;
+
+  tensor_t Compress(tensor_t grad) override;
+  tensor_t Decompress(tensor_t compressed) override;
+
+  // ---- THC_NORM stage ----
+  // Binds the partition on first use: its BytePS key (mixed into the seed) and its length in
+  // bytes. Returns "" or an error message. Later calls must agree.
+  std::string Bind(uint64_t key, size_t bytes, uint32_t rank);
+  bool bound() const { return encoder_ != nullptr; }
+  // ||grad + residual||_2 of the partition; false if it is not finite.
+  bool LocalNorm(tensor_t grad, double* norm);
+  void set_max_norm(double m) { max_norm_ = m; }
+  double max_norm() const { return max_norm_; }
+  uint64_t fingerprint() const { return fingerprint_; }
+  uint64_t key() const { return key_; }
+
+  // Stable buffers for the norm round's ps-lite messages.
+  thcwire::NormPush* norm_push() { return &norm_push_; }
+  char* norm_reply() { return norm_reply_.data(); }
+  size_t norm_reply_capacity() const { return norm_reply_.size(); }
+  // Checks a norm-round reply; "" and *max_norm set, or the server's/the format's error.
+  std::string ParseNormReply(size_t bytes, double* max_norm) const;
+
+  // ---- PULL stage ----
+  char* receive_buffer() { return recv_.data(); }
+  size_t receive_capacity() const { return recv_.size(); }
+
+  const thcwire::ThcSettings& settings() const { return settings_; }
+
+ private:
+  const float* AsFloat(tensor_t grad);  // grad as float32 (converted into scratch_ if needed)
+
+  thcwire::ThcSettings settings_;
+  thc::Config cfg_;  // the partition's (seed mixed with the key)
+  std::unique_ptr<thc::Encoder> encoder_;
+  uint64_t key_ = 0;
+  size_t d_ = 0;
+  uint64_t fingerprint_ = 0;
+  double max_norm_ = 0.0;
+  std::vector<char> send_;
+  std::vector<char> recv_;
+  std::vector<float> scratch_;
+  thcwire::NormPush norm_push_{};
+  std::vector<char> norm_reply_;
+};
+
+}  // namespace compressor
+}  // namespace common
+}  // namespace byteps
+
+#endif  // BYTEPS_COMPRESSOR_THC_COMPRESSOR_H

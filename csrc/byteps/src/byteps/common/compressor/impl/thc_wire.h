@@ -1,0 +1,105 @@
+// byteps-thc: THC's BytePS adapter, the part both the worker and the server need.
+//
+// - ParseThcKwargs: the ONE place where BytePS compressor kwargs (strings) become a thc::Config.
+// - PartitionConfig / Fingerprint: the per-key configuration every worker and the server derive
+//   identically, and the 64-bit digest each push carries so the server can refuse a mismatch.
+// - The wire format of THC's requests (below).
+//
+// Nothing here does THC math: that is csrc/thc (thc.h), the only implementation.
+#ifndef BYTEPS_COMPRESSOR_THC_WIRE_H
+#define BYTEPS_COMPRESSOR_THC_WIRE_H
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <unordered_map>
+
+#include "thc/thc.h"  // csrc/thc: the codec core (csrc/ is on the include path)
+
+namespace byteps {
+namespace common {
+namespace compressor {
+namespace thcwire {
+
+using Kwargs = std::unordered_map<std::string, std::string>;
+
+// What a THC tensor is declared with. Error feedback is per worker, so it is not part of the
+// fingerprint.
+struct ThcSettings {
+  thc::Config config;
+  bool error_feedback = true;
+};
+
+// True when kwargs select THC (compressor_type=thc).
+bool IsThcKwargs(const Kwargs& kwargs);
+
+// Parses compressor_type=thc, thc_bits, thc_granularity, thc_overflow_prob and/or thc_clip,
+// thc_seed, thc_rotation_block, thc_table (comma-separated, as solved by
+// byteps_thc.tables.solve_table), thc_error_feedback (1/0) and the generic ef_type, then
+// thc::Validate()s the result. Returns "" on success, else a message naming the bad kwarg.
+std::string ParseThcKwargs(const Kwargs& kwargs, ThcSettings* out);
+
+// The configuration of one partition: the declared one with the seed mixed with the BytePS key,
+// so that partitions use different rotations while every worker (and the server) agrees.
+thc::Config PartitionConfig(const thc::Config& declared, uint64_t key);
+
+// Canonical text of a configuration (also what error messages print).
+std::string Describe(const thc::Config& cfg);
+
+// 64-bit digest of Describe(cfg) and the partition's element count d.
+uint64_t Fingerprint(const thc::Config& cfg, size_t d);
+
+// Finite test on the bits: BytePS builds with -Ofast, under which std::isfinite may fold to true.
+inline bool IsFinite(double x) {
+  uint64_t bits;
+  __builtin_memcpy(&bits, &x, sizeof(bits));
+  return (bits & 0x7FF0000000000000ull) != 0x7FF0000000000000ull;
+}
+
+// ---- wire format -----------------------------------------------------------------------------
+// Request types beyond BytePS's three (kDefaultPushPull=0, kRowSparse=1, kCompressed=2); they
+// travel in the ps-lite command like BytePS's own (Cantor pairing with the dtype).
+constexpr int kThcNormRequest = 3;
+int CommandType(int request_type, int dtype);
+
+constexpr uint32_t kPushMagic = 0x31434854u;  // "THC1" little-endian
+constexpr uint32_t kPullMagic = 0x52434854u;  // "THCR"
+constexpr uint32_t kWireVersion = 1;
+
+// Prefix of every THC data push: then the packed indices (thc::Geometry::payload_bytes).
+struct PushHeader {
+  uint32_t magic;        // kPushMagic
+  uint32_t version;      // kWireVersion
+  uint64_t fingerprint;  // Fingerprint(PartitionConfig(cfg, key), d)
+};
+static_assert(sizeof(PushHeader) == 16, "PushHeader is 16 bytes on the wire");
+
+// A norm-round push: the worker's local norm of the partition.
+struct NormPush {
+  uint64_t fingerprint;
+  double norm;
+};
+static_assert(sizeof(NormPush) == 16, "NormPush is 16 bytes on the wire");
+
+// Prefix of every THC pull response (data and norm rounds). status 0: then `payload_bytes`
+// bytes follow (the sums, padded lanes of lane_bits; or one double, the max norm). Otherwise
+// the rest is an error message (UTF-8, payload_bytes long) and the round failed.
+struct PullHeader {
+  uint32_t magic;          // kPullMagic
+  int32_t status;          // 0 ok, else the round failed
+  uint32_t lane_bits;      // 8, 16, 32 (data); 64 (norm)
+  uint32_t num_workers;    // n, the number of payloads summed
+  uint64_t round;          // 1-based count of completed rounds of this key
+  uint64_t payload_bytes;  // bytes after this header
+};
+static_assert(sizeof(PullHeader) == 32, "PullHeader is 32 bytes on the wire");
+
+// Largest error message the server sends (it truncates longer ones).
+constexpr size_t kMaxErrorBytes = 1024;
+
+}  // namespace thcwire
+}  // namespace compressor
+}  // namespace common
+}  // namespace byteps
+
+#endif  // BYTEPS_COMPRESSOR_THC_WIRE_H

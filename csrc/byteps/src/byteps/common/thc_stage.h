@@ -1,0 +1,44 @@
+// byteps-thc: THC's worker-side stages and hooks in BytePS's pipeline.
+//
+// A THC partition flows COPYD2H -> THC_NORM -> COMPRESS -> PUSH -> PULL -> DECOMPRESS -> COPYH2D.
+// THC_NORM (spec §3 step 2) binds the partition to its compressor, computes the local norm of
+// gradient + residual, pushes it (16 bytes) to the server under the partition's key with the
+// request type thcwire::kThcNormRequest, pulls back the max over workers and hands it to the
+// compressor. The stage waits for nothing but the network: its thread only dispatches, the norm
+// is computed on BytePS's thread pool, and the push/pull run on ps-lite callbacks.
+#ifndef BYTEPS_THC_STAGE_H
+#define BYTEPS_THC_STAGE_H
+
+#include <memory>
+#include <vector>
+
+#include "common.h"
+
+namespace byteps {
+namespace common {
+
+// True when the tensor's partitions are compressed with THC.
+bool ThcUsesNormRound(const BPSContext& context);
+
+// Inserts THC_NORM before COMPRESS in a THC tensor's queue list (no-op otherwise).
+void ThcAddStages(const BPSContext& context, std::vector<QueueType>* queue_list);
+
+// The THC_NORM stage's thread (started with the other loops on the root device).
+void ThcNormLoop();
+
+// PULL stage: a THC partition's reply (header + integer sums) can be larger than the
+// partition's own bytes, so it goes into the compressor's receive buffer instead.
+// Returns false (and changes nothing) for other partitions.
+bool ThcPullTarget(const std::shared_ptr<TensorTableEntry>& task, char** data, size_t* capacity);
+
+template <typename Len>
+inline void ThcRedirectPull(const std::shared_ptr<TensorTableEntry>& task, char** data,
+                            Len* len) {
+  size_t cap = 0;
+  if (ThcPullTarget(task, data, &cap)) *len = static_cast<Len>(cap);
+}
+
+}  // namespace common
+}  // namespace byteps
+
+#endif  // BYTEPS_THC_STAGE_H

@@ -1,0 +1,360 @@
+// byteps-thc: the server's homomorphic THC path.
+//
+// For a key registered with compressor_type=thc the server never decompresses, never touches a
+// float and never recompresses. Per round it does what docs/ALGORITHM.md "Aggregate" says and
+// nothing else: each push is checked (magic, configuration fingerprint, length) and handed to
+// thc::Aggregator (unpack, table lookup, integer add into lanes sized for n*g); the n-th push
+// publishes the sums, and every pull of that round returns them as they are. The norm round is
+// the same with one double per worker reduced by max.
+//
+// Rounds: a worker pushes round r, then pulls round r, then (next step) pushes round r+1. A pull
+// is answered as soon as the round its sender last pushed into is complete; pushes of round r+1
+// accumulate in the aggregator while slow workers still pull round r, whose result lives in its
+// own published buffer (held by ps-lite until sent), so no pull can see a half-summed round.
+//
+// Errors: a push that does not fit is logged with the key and the sender, still counts for its
+// round (so nobody waits forever), and marks the round failed: every pull of it gets a response
+// whose header carries the status and the message, and the worker fails with it. Registration
+// errors (invalid or overflow-prone configuration, workers that disagree) fail every round of the
+// key. Other keys are unaffected; the server never aborts on a worker's input.
+#include "thc_server.h"
+
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <sstream>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "../common/compressor/impl/thc_wire.h"
+#include "../common/logging.h"  // before utils.h, which uses BPS_LOG
+#include "../common/compressor/utils.h"
+
+namespace byteps {
+namespace server {
+namespace {
+
+namespace tw = common::compressor::thcwire;
+
+// One kind of round (data or norm) of one key.
+struct Round {
+  uint64_t completed = 0;                       // rounds completed so far
+  std::unordered_map<int, uint64_t> pushed_in;  // sender -> 1-based round it last pushed into
+  std::set<int> senders;                        // senders of the current round
+  std::string error;                            // first error of the current round
+  std::vector<ps::KVMeta> pending;              // pulls waiting for the current round
+  ps::SArray<char> published;                   // header + result of the last completed round
+};
+
+struct ThcKey {
+  // registration
+  std::vector<ps::KVMeta> waiting;  // registration requests, answered once all workers sent one
+  bool configured = false;
+  std::string fatal;                // non-empty: every round of this key fails with it
+  thc::Config cfg;                  // the partition's configuration (seed mixed with the key)
+  std::string description;
+  size_t d = 0;
+  uint64_t fingerprint = 0;
+  uint32_t num_workers = 0;
+  int lane_bits = 0;
+  std::unique_ptr<thc::Aggregator> agg;
+  // rounds
+  Round data, norm;
+  double norm_max = 0.0;
+};
+
+std::mutex thc_mu_;
+std::unordered_map<uint64_t, std::unique_ptr<ThcKey>> thc_keys_;
+
+int ElementBytes(int dtype) {
+  switch (dtype) {
+    case 0: return 4;  // BYTEPS_FLOAT32
+    case 1: return 8;  // BYTEPS_FLOAT64
+    case 2: return 2;  // BYTEPS_FLOAT16
+    default: return 0;
+  }
+}
+
+ps::SArray<char> MakeResponse(int32_t status, uint32_t lane_bits, uint32_t n, uint64_t round,
+                              const void* payload, size_t bytes) {
+  tw::PullHeader h;
+  h.magic = tw::kPullMagic;
+  h.status = status;
+  h.lane_bits = lane_bits;
+  h.num_workers = n;
+  h.round = round;
+  h.payload_bytes = bytes;
+  ps::SArray<char> out(sizeof(h) + bytes);
+  std::memcpy(out.data(), &h, sizeof(h));
+  if (bytes) std::memcpy(out.data() + sizeof(h), payload, bytes);
+  return out;
+}
+
+ps::SArray<char> MakeError(const std::string& message, uint64_t round) {
+  std::string m = message.substr(0, tw::kMaxErrorBytes);
+  return MakeResponse(1, 0, 0, round, m.data(), m.size());
+}
+
+void Respond(const ps::KVMeta& req, const ps::KVPairs<char>& req_data, const ps::SArray<char>& vals,
+             ps::KVServer<char>* server) {
+  ps::KVPairs<char> res;
+  res.keys = req_data.keys;
+  res.vals = vals;
+  res.lens = {static_cast<int>(vals.size())};
+  server->Response(req, res);
+}
+
+std::string Where(uint64_t key, int sender) {
+  std::ostringstream os;
+  os << "THC key " << key << ": push from node " << sender;
+  return os.str();
+}
+
+// Records one push of `sender` into `round`; false (with the round failed) on a second push of
+// the same sender in one round.
+bool Enter(Round* round, uint64_t key, int sender) {
+  if (round->senders.count(sender)) {
+    std::string msg = Where(key, sender) + " arrived twice in round " +
+                      std::to_string(round->completed + 1) + " (pull before pushing again)";
+    LOG(ERROR) << msg;
+    if (round->error.empty()) round->error = msg;
+    return false;
+  }
+  round->senders.insert(sender);
+  round->pushed_in[sender] = round->completed + 1;
+  return true;
+}
+
+void Fail(Round* round, const std::string& msg, bool log = true) {
+  if (log) LOG(ERROR) << msg;
+  if (round->error.empty()) round->error = msg;
+}
+
+// The n-th push of a round: publish and answer the pulls that wait for it.
+void Complete(Round* round, ps::SArray<char> result, ps::KVServer<char>* server,
+              const ps::KVPairs<char>& req_data) {
+  round->completed += 1;
+  round->published = result;
+  round->senders.clear();
+  round->error.clear();
+  for (const auto& req : round->pending) Respond(req, req_data, round->published, server);
+  round->pending.clear();
+}
+
+void Pull(Round* round, uint64_t key, const ps::KVMeta& req, const ps::KVPairs<char>& req_data,
+          ps::KVServer<char>* server) {
+  auto it = round->pushed_in.find(req.sender);
+  if (it == round->pushed_in.end()) {
+    std::string msg = "THC key " + std::to_string(key) + ": pull from node " +
+                      std::to_string(req.sender) + " before any push";
+    LOG(ERROR) << msg;
+    Respond(req, req_data, MakeError(msg, round->completed), server);
+    return;
+  }
+  if (round->completed >= it->second) {
+    Respond(req, req_data, round->published, server);
+  } else {
+    round->pending.push_back(req);
+  }
+}
+
+void Register(ThcKey* k, uint64_t key, const ps::KVMeta& req, const ps::KVPairs<char>& req_data,
+              ps::KVServer<char>* server, size_t stored_len, int stored_dtype) {
+  std::string content(req_data.vals.data(), req_data.vals.size());
+  auto kwargs = common::compressor::Deserialize(content);
+  std::string err;
+  tw::ThcSettings settings;
+  if (!tw::IsThcKwargs(kwargs)) {
+    err = "compressor_type=" + (kwargs.count("compressor_type") ? kwargs["compressor_type"] : "") +
+          " but other workers declared THC";
+  } else {
+    err = tw::ParseThcKwargs(kwargs, &settings);
+  }
+  size_t elem = ElementBytes(stored_dtype);
+  if (err.empty() && (!stored_len || !elem || stored_len % elem)) {
+    err = "no initial push of a float tensor before the registration (len=" +
+          std::to_string(stored_len) + ", dtype=" + std::to_string(stored_dtype) + ")";
+  }
+  if (err.empty()) {
+    thc::Config cfg = tw::PartitionConfig(settings.config, key);
+    size_t d = stored_len / elem;
+    uint64_t fp = tw::Fingerprint(cfg, d);
+    if (!k->configured) {
+      k->configured = true;
+      k->cfg = cfg;
+      k->d = d;
+      k->fingerprint = fp;
+      k->description = tw::Describe(cfg) + " d=" + std::to_string(d);
+      k->num_workers = static_cast<uint32_t>(ps::NumWorkers());
+      k->lane_bits = thc::LaneBits(cfg, k->num_workers);
+      if (k->lane_bits == 0) {
+        err = "overflow-prone configuration: " + std::to_string(k->num_workers) +
+              " workers x granularity " + std::to_string(cfg.granularity) +
+              " does not fit a 32-bit lane; lower thc_granularity";
+      } else {
+        k->agg.reset(new thc::Aggregator(cfg, d, k->num_workers));
+        LOG(INFO) << "THC key " << key << " registered: " << k->description << ", "
+                  << k->num_workers << " workers, " << k->lane_bits << "-bit lanes";
+      }
+    } else if (fp != k->fingerprint) {
+      err = "node " + std::to_string(req.sender) + " declared " + tw::Describe(cfg) +
+            " d=" + std::to_string(d) + ", but the key was registered with " + k->description;
+    }
+  }
+  if (!err.empty()) {
+    std::string msg = "THC key " + std::to_string(key) + ": registration refused: " + err;
+    LOG(ERROR) << msg;
+    if (k->fatal.empty()) k->fatal = msg;
+  }
+  // Like BytePS's registration: answer once every worker has registered.
+  k->waiting.push_back(req);
+  if (k->waiting.size() < static_cast<size_t>(ps::NumWorkers())) return;
+  for (const auto& r : k->waiting) server->Response(r, ps::KVPairs<char>());
+  k->waiting.clear();
+}
+
+void DataPush(ThcKey* k, uint64_t key, const ps::KVMeta& req, const ps::KVPairs<char>& req_data,
+              ps::KVServer<char>* server) {
+  Round* round = &k->data;
+  const int sender = req.sender;
+  if (Enter(round, key, sender)) {
+    const char* p = req_data.vals.data();
+    size_t len = req_data.vals.size();
+    tw::PushHeader h;
+    if (!k->fatal.empty()) {
+      Fail(round, k->fatal, false);  // logged at registration
+    } else if (len < sizeof(h)) {
+      Fail(round, Where(key, sender) + ": " + std::to_string(len) +
+                      " bytes is shorter than the 16-byte THC header");
+    } else {
+      std::memcpy(&h, p, sizeof(h));
+      size_t expect = sizeof(h) + k->agg->geometry().payload_bytes;
+      std::ostringstream os;
+      if (h.magic != tw::kPushMagic || h.version != tw::kWireVersion) {
+        os << Where(key, sender) << ": not a THC payload (magic 0x" << std::hex << h.magic
+           << std::dec << ", version " << h.version << ")";
+      } else if (h.fingerprint != k->fingerprint) {
+        os << Where(key, sender) << ": THC configuration mismatch (fingerprint 0x" << std::hex
+           << h.fingerprint << ", the key was registered with 0x" << k->fingerprint << std::dec
+           << ": " << k->description << "); every worker must use the same THC settings";
+      } else if (len != expect) {
+        os << Where(key, sender) << ": wrong payload length " << len << " bytes, expected "
+           << expect << " (16-byte header + " << k->agg->geometry().payload_bytes
+           << " bytes of " << k->cfg.bits << "-bit indices for d=" << k->d << ")";
+      } else {
+        std::string agg_err;
+        if (k->agg->Add(reinterpret_cast<const uint8_t*>(p + sizeof(h)), len - sizeof(h),
+                        &agg_err) != thc::Status::kOk) {
+          os << Where(key, sender) << ": " << agg_err;
+        }
+      }
+      if (!os.str().empty()) Fail(round, os.str());
+    }
+  }
+  server->Response(req, ps::KVPairs<char>());
+  if (round->senders.size() < static_cast<size_t>(ps::NumWorkers())) return;
+  ps::SArray<char> result;
+  if (round->error.empty()) {
+    result = MakeResponse(0, k->lane_bits, k->num_workers, round->completed + 1, k->agg->sums(),
+                          k->agg->sums_bytes());
+  } else {
+    result = MakeError(round->error, round->completed + 1);
+  }
+  if (k->agg) k->agg->Reset();
+  Complete(round, result, server, req_data);
+}
+
+void NormPush(ThcKey* k, uint64_t key, const ps::KVMeta& req, const ps::KVPairs<char>& req_data,
+              ps::KVServer<char>* server) {
+  Round* round = &k->norm;
+  const int sender = req.sender;
+  if (round->senders.empty()) k->norm_max = 0.0;
+  if (Enter(round, key, sender)) {
+    tw::NormPush np;
+    if (!k->fatal.empty()) {
+      Fail(round, k->fatal, false);  // logged at registration
+    } else if (req_data.vals.size() != sizeof(np)) {
+      Fail(round, "THC key " + std::to_string(key) + ": norm push from node " +
+                      std::to_string(sender) + " has " + std::to_string(req_data.vals.size()) +
+                      " bytes, expected 16");
+    } else {
+      std::memcpy(&np, req_data.vals.data(), sizeof(np));
+      if (np.fingerprint != k->fingerprint) {
+        std::ostringstream os;
+        os << "THC key " << key << ": norm push from node " << sender
+           << ": THC configuration mismatch (fingerprint 0x" << std::hex << np.fingerprint
+           << ", registered 0x" << k->fingerprint << std::dec << ": " << k->description << ")";
+        Fail(round, os.str());
+      } else if (!tw::IsFinite(np.norm) || np.norm < 0) {
+        std::ostringstream os;
+        os << "THC key " << key << ": norm push from node " << sender << " is " << np.norm
+           << " (must be finite and >= 0)";
+        Fail(round, os.str());
+      } else if (np.norm > k->norm_max) {
+        k->norm_max = np.norm;
+      }
+    }
+  }
+  server->Response(req, ps::KVPairs<char>());
+  if (round->senders.size() < static_cast<size_t>(ps::NumWorkers())) return;
+  ps::SArray<char> result =
+      round->error.empty()
+          ? MakeResponse(0, 64, static_cast<uint32_t>(ps::NumWorkers()), round->completed + 1,
+                         &k->norm_max, sizeof(double))
+          : MakeError(round->error, round->completed + 1);
+  Complete(round, result, server, req_data);
+}
+
+}  // namespace
+
+bool ThcHandleRequest(int request_type, uint64_t key, const ps::KVMeta& req_meta,
+                      const ps::KVPairs<char>& req_data, ps::KVServer<char>* server,
+                      size_t stored_len, int stored_dtype) {
+  constexpr int kDefault = 0, kCompressed = 2;
+  std::lock_guard<std::mutex> lock(thc_mu_);
+  auto it = thc_keys_.find(key);
+  ThcKey* k = it == thc_keys_.end() ? nullptr : it->second.get();
+
+  if (request_type == kCompressed) {
+    if (!k) {
+      std::string content(req_data.vals.data(), req_data.vals.size());
+      if (!tw::IsThcKwargs(common::compressor::Deserialize(content))) return false;
+      k = (thc_keys_[key] = std::unique_ptr<ThcKey>(new ThcKey)).get();
+    }
+    Register(k, key, req_meta, req_data, server, stored_len, stored_dtype);
+    return true;
+  }
+  if (request_type == tw::kThcNormRequest) {
+    if (!k) {
+      // A norm round for a key nobody registered as THC: answer, never abort.
+      std::string msg = "THC key " + std::to_string(key) + ": norm round from node " +
+                        std::to_string(req_meta.sender) + " for a key not registered as THC";
+      LOG(ERROR) << msg;
+      if (req_meta.push) {
+        server->Response(req_meta, ps::KVPairs<char>());
+      } else {
+        Respond(req_meta, req_data, MakeError(msg, 0), server);
+      }
+      return true;
+    }
+    if (req_meta.push) {
+      NormPush(k, key, req_meta, req_data, server);
+    } else {
+      Pull(&k->norm, key, req_meta, req_data, server);
+    }
+    return true;
+  }
+  if (request_type != kDefault || !k) return false;
+  if (req_meta.push) {
+    DataPush(k, key, req_meta, req_data, server);
+  } else {
+    Pull(&k->data, key, req_meta, req_data, server);
+  }
+  return true;
+}
+
+}  // namespace server
+}  // namespace byteps

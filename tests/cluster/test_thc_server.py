@@ -1,0 +1,281 @@
+"""The real BytePS scheduler and server (the fork build) on 127.0.0.1, driven by real ps-lite clients
+(tests/cluster/client/thc_client.cc) that send exactly what BytePS workers send, for 2 and 3 workers:
+
+- THC sums pulled from the server equal byteps_thc.ThcAggregator bit for bit (8- and 16-bit lanes,
+  several rounds, a rotation block);
+- the norm round returns the maximum;
+- an uncompressed key and a onebit key still sum correctly;
+- a wrong-length payload, a mismatched configuration (push fingerprint, registration) and a bad norm
+  produce clear errors (server log + the pulls of that round), while the server stays up and the
+  next rounds and the other keys work.
+"""
+from __future__ import annotations
+
+import struct
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "client"))
+import thc_cluster as tc  # noqa: E402
+
+byteps_thc = pytest.importorskip("byteps_thc")
+from byteps_thc import ThcConfig  # noqa: E402
+
+
+ROOT = tc.ROOT
+
+
+@pytest.fixture(scope="module")
+def client_exe(tmp_path_factory):
+    if tc.server_argv() is None:
+        pytest.skip("the BytePS fork is not built (make byteps)")
+    if not tc.have_tools():
+        pytest.skip("g++ not found")
+    exe = tc.build_client(ROOT / "build" / "thc_client")
+    if exe is None:
+        pytest.skip("the fork build's ps-lite (libps.a, libzmq.a) was not found")
+    return exe
+
+
+@pytest.fixture(scope="module", params=[2, 3], ids=["2workers", "3workers"])
+def cluster(request, client_exe, tmp_path_factory):
+    c = tc.Cluster(request.param, tmp_path_factory.mktemp(f"cluster{request.param}"), client_exe,
+                   tc.server_argv())
+    yield c
+    c.close()
+
+
+# ---- helpers -------------------------------------------------------------------------------
+class Key:
+    """One BytePS partition key as a worker drives it: init push, registration, rounds."""
+
+    def __init__(self, cluster, key, d, kwargs=None, dtype=tc.FLOAT32):
+        self.c, self.key, self.d, self.kwargs, self.dtype = cluster, key, d, kwargs, dtype
+        self.dir = cluster.dir / f"key{key}"
+        self.dir.mkdir(exist_ok=True)
+        n = cluster.n
+        init = self.dir / "init.bin"
+        init.write_bytes(bytes(4 * d))
+        cluster.all([f"push {key} {tc.command(tc.DEFAULT, dtype)} {init}"] * n)
+        if kwargs is not None:
+            self.register([kwargs] * n)
+
+    def register(self, per_worker_kwargs):
+        lines = []
+        for i, kw in enumerate(per_worker_kwargs):
+            p = self.dir / f"kwargs{i}.txt"
+            p.write_text(tc.serialise_kwargs(kw))
+            lines.append(f"push {self.key} {tc.command(tc.COMPRESSED, self.dtype)} {p}")
+        self.c.all(lines)
+
+    def fingerprint(self, kwargs=None):
+        fp, payload_bytes, padded = self.c.clients[0].cmd(
+            f"fp {self.key} {self.d} {tc.serialise_kwargs(kwargs or self.kwargs)}").split()
+        return int(fp), int(payload_bytes), int(padded)
+
+    def round(self, payloads, cmd_type=tc.DEFAULT, dtype=None, capacity=None):
+        """Every worker pushes its bytes, then every worker pulls; returns the pulled bytes."""
+        dtype = self.dtype if dtype is None else dtype
+        cmd = tc.command(cmd_type, dtype)
+        pushes, pulls, outs = [], [], []
+        for i, data in enumerate(payloads):
+            p = self.dir / f"push{i}.bin"
+            p.write_bytes(bytes(data))
+            pushes.append(f"push {self.key} {cmd} {p}")
+            o = self.dir / f"pull{i}.bin"
+            outs.append(o)
+            pulls.append(f"pull {self.key} {cmd} {capacity or (64 + 8 * self.d + 2048)} {o}")
+        self.c.all(pushes)
+        self.c.all(pulls)
+        return [o.read_bytes() for o in outs]
+
+
+def thc_payloads(cfg, d, n, rng, scale=1.0):
+    codecs = [byteps_thc.ThcCodec(cfg, d, rank=i) for i in range(n)]
+    xs = [(rng.standard_normal(d) * scale * (i + 1)).astype(np.float32) for i in range(n)]
+    m = max(codec.norm(x) for codec, x in zip(codecs, xs))
+    return [codec.encode(x, m).tobytes() for codec, x in zip(codecs, xs)]
+
+
+def expected_sums(cfg, d, n, payloads):
+    agg = byteps_thc.ThcAggregator(cfg, d, n)
+    for p in payloads:
+        agg.add(np.frombuffer(p, dtype=np.uint8))
+    return agg.result()
+
+
+def header(fp):
+    return struct.pack("<IIQ", tc.PUSH_MAGIC, tc.WIRE_VERSION, fp)
+
+
+def check_sums(replies, cfg, d, n, payloads):
+    want = expected_sums(cfg, d, n, payloads)
+    for r in replies:
+        h, body = tc.parse_reply(r)
+        assert h["status"] == 0, body.decode(errors="replace")
+        assert h["lane_bits"] == cfg.lane_bits(n) and h["num_workers"] == n
+        got = np.frombuffer(body, dtype={8: np.uint8, 16: np.uint16, 32: np.uint32}[h["lane_bits"]])
+        assert got.dtype == want.dtype and np.array_equal(got, want)
+    return want
+
+
+def error_of(reply):
+    h, body = tc.parse_reply(reply)
+    assert h["status"] != 0, "expected the round to fail"
+    return body.decode()
+
+
+# ---- tests ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("bits,granularity,rotation_block,d,keyno", [
+    (4, 30, None, 100_000, 10),       # 8-bit lanes, whole-partition rotation, padded to 2^17
+    (4, 100, 1024, 70_001, 11),       # n*g > 255 at 3 workers: 16-bit lanes; 1024-wide blocks
+    (2, 7, None, 65_536, 12),         # b=2, a power-of-two partition
+])
+def test_thc_sums_bit_exact(cluster, bits, granularity, rotation_block, d, keyno):
+    n = cluster.n
+    cfg = ThcConfig(bits=bits, granularity=granularity, rotation_block=rotation_block)
+    k = Key(cluster, keyno << 16, d, cfg.to_kwargs())
+    fp, payload_bytes, padded = k.fingerprint()
+    rng = np.random.default_rng(keyno * 10 + n)
+    for rnd in range(3):
+        payloads = thc_payloads(cfg, d, n, rng)
+        assert len(payloads[0]) == payload_bytes
+        replies = k.round([header(fp) + p for p in payloads])
+        sums = check_sums(replies, cfg, d, n, payloads)
+        assert len(sums) == padded
+        assert tc.parse_reply(replies[0])[0]["round"] == rnd + 1
+    assert cluster.server_alive()
+
+
+def test_norm_round_returns_max(cluster):
+    n = cluster.n
+    cfg = ThcConfig()
+    k = Key(cluster, 20 << 16, 4096, cfg.to_kwargs())
+    fp = k.fingerprint()[0]
+    for norms in ([1.5, 0.25, 7.0][:n], [0.0] * n, [3.0, 1e30, 2.0][:n]):
+        replies = k.round([struct.pack("<Qd", fp, v) for v in norms], cmd_type=tc.THC_NORM,
+                          dtype=tc.FLOAT64, capacity=2048)
+        for r in replies:
+            h, body = tc.parse_reply(r)
+            assert h["status"] == 0, body
+            assert struct.unpack("<d", body)[0] == max(norms)
+    # a non-finite norm fails that round for everyone, names the key; the next round works
+    bad = [struct.pack("<Qd", fp, float("nan"))] + [struct.pack("<Qd", fp, 1.0)] * (n - 1)
+    for r in k.round(bad, cmd_type=tc.THC_NORM, dtype=tc.FLOAT64, capacity=2048):
+        assert f"THC key {20 << 16}" in error_of(r) and "finite" in error_of(r)
+    replies = k.round([struct.pack("<Qd", fp, 2.0)] * n, cmd_type=tc.THC_NORM, dtype=tc.FLOAT64,
+                      capacity=2048)
+    assert struct.unpack("<d", tc.parse_reply(replies[0])[1])[0] == 2.0
+
+
+def test_uncompressed_key_still_sums(cluster):
+    n, d = cluster.n, 50_000
+    k = Key(cluster, 30 << 16, d)
+    rng = np.random.default_rng(3)
+    for _ in range(3):
+        xs = [rng.integers(-1000, 1000, d).astype(np.float32) for _ in range(n)]
+        replies = k.round([x.tobytes() for x in xs], capacity=4 * d)
+        for r in replies:
+            assert np.array_equal(np.frombuffer(r, dtype=np.float32), np.sum(xs, axis=0))
+
+
+def onebit_compress(v):
+    neg = (v < 0).reshape(-1, 32).astype(np.uint64)
+    words = (neg << np.arange(31, -1, -1, dtype=np.uint64)).sum(axis=1).astype(np.uint32)
+    scale = np.float32(np.abs(v.astype(np.float64)).sum() / v.size)
+    return words.tobytes() + scale.tobytes()
+
+
+def test_onebit_key_still_works(cluster):
+    n, d = cluster.n, 4096
+    k = Key(cluster, 31 << 16, d, {"compressor_type": "onebit", "compressor_onebit_scaling": "true"})
+    rng = np.random.default_rng(4)
+    for _ in range(2):
+        # values +-2^i: every decompress, sum and scale below is exact in float32
+        xs = [(np.where(rng.random(d) < 0.5, -1, 1) * 2.0 ** i).astype(np.float32) for i in range(n)]
+        total = np.sum(xs, axis=0)
+        replies = k.round([onebit_compress(x) for x in xs], capacity=4 * d)
+        for r in replies:
+            assert r == onebit_compress(total)
+
+
+def test_wrong_length_payload_fails_round_server_stays_up(cluster):
+    n, d = cluster.n, 100_000
+    cfg = ThcConfig()
+    key = 40 << 16
+    k = Key(cluster, key, d, cfg.to_kwargs())
+    fp, payload_bytes, _ = k.fingerprint()
+    rng = np.random.default_rng(5)
+    payloads = thc_payloads(cfg, d, n, rng)
+    pushes = [header(fp) + p for p in payloads]
+    pushes[-1] = pushes[-1][:-1]  # one byte short, from the last worker
+    for r in k.round(pushes):
+        msg = error_of(r)
+        assert f"THC key {key}" in msg and "wrong payload length" in msg
+        assert str(16 + payload_bytes - 1) in msg and str(16 + payload_bytes) in msg
+    assert cluster.server_alive()
+    assert "wrong payload length" in cluster.server_text()
+    # the key recovers on the next round, and the other keys were never affected
+    payloads = thc_payloads(cfg, d, n, rng)
+    check_sums(k.round([header(fp) + p for p in payloads]), cfg, d, n, payloads)
+    test_uncompressed_key_still_sums(cluster)
+
+
+def test_mismatched_fingerprint_fails_round(cluster):
+    n, d = cluster.n, 100_000
+    cfg = ThcConfig()
+    other = ThcConfig(granularity=31)
+    key = 41 << 16
+    k = Key(cluster, key, d, cfg.to_kwargs())
+    fp = k.fingerprint()[0]
+    bad_fp = k.fingerprint(other.to_kwargs())[0]
+    assert bad_fp != fp
+    rng = np.random.default_rng(6)
+    payloads = thc_payloads(cfg, d, n, rng)
+    pushes = [header(fp) + p for p in payloads]
+    pushes[0] = header(bad_fp) + payloads[0]
+    for r in k.round(pushes):
+        msg = error_of(r)
+        assert f"THC key {key}" in msg and "configuration mismatch" in msg and "granularity=30" in msg
+    # garbage that is not THC at all
+    pushes = [header(fp) + p for p in payloads]
+    pushes[0] = b"\x00" * len(pushes[0])
+    for r in k.round(pushes):
+        assert "not a THC payload" in error_of(r)
+    assert cluster.server_alive()
+    payloads = thc_payloads(cfg, d, n, rng)
+    check_sums(k.round([header(fp) + p for p in payloads]), cfg, d, n, payloads)
+
+
+def test_mismatched_registration_fails_every_round(cluster):
+    n, d = cluster.n, 20_000
+    key = 42 << 16
+    k = Key(cluster, key, d)
+    good, other = ThcConfig(), ThcConfig(bits=3, granularity=16)
+    k.kwargs = good.to_kwargs()
+    k.register([good.to_kwargs()] * (n - 1) + [other.to_kwargs()])
+    fp = k.fingerprint()[0]
+    rng = np.random.default_rng(7)
+    for _ in range(2):
+        payloads = thc_payloads(good, d, n, rng)
+        for r in k.round([header(fp) + p for p in payloads]):
+            msg = error_of(r)
+            assert f"THC key {key}: registration refused" in msg and "bits=3" in msg
+    assert "registration refused" in cluster.server_text()
+    assert cluster.server_alive()
+
+
+def test_invalid_kwargs_refused_with_message(cluster):
+    n, d = cluster.n, 20_000
+    key = 43 << 16
+    kw = ThcConfig().to_kwargs()
+    kw["thc_table"] = "0,3,5,7"  # 4 levels for bits=4
+    k = Key(cluster, key, d, kw)
+    fp = k.fingerprint(ThcConfig().to_kwargs())[0]
+    for r in k.round([header(fp) + bytes(d)] * n):
+        msg = error_of(r)
+        assert f"THC key {key}: registration refused" in msg and "table" in msg
+    assert cluster.server_alive()
