@@ -247,6 +247,11 @@ def run_cluster(net: EmulatedNetwork, workers: int, spec: advise.CompressorSpec,
     """Scheduler + server in `srv`, one worker per `w<i>`; returns processes, CPU samples and the
     outcome once every worker has exited (or the timeout struck)."""
     launch = [sys.executable, "-m", "byteps_thc.launch"] + launcher_flags(spec)
+    # The scheduler and the server run the very command `bpslaunch` runs for those roles
+    # (launch.server_argv()). Through bpslaunch itself, its supervisor stops them 20 s after
+    # start: in role mode it has no workers to watch and takes that for "all workers finished".
+    from byteps_thc.launch import server_argv
+    role_cmd = server_argv()
     env = base_env(net, workers)
     rundir = tempfile.mkdtemp(prefix=f"{net.prefix}-{tag}-", dir=logdir)
     procs: List[Proc] = []
@@ -254,9 +259,9 @@ def run_cluster(net: EmulatedNetwork, workers: int, spec: advise.CompressorSpec,
     status, error = "ok", ""
     try:
         sched_env = dict(env, DMLC_ROLE="scheduler", DMLC_NODE_HOST=net.addr["srv"])
-        procs.append(Proc(net, "srv", "scheduler", launch, sched_env, rundir, nice))
+        procs.append(Proc(net, "srv", "scheduler", role_cmd, sched_env, rundir, nice))
         srv_env = dict(env, DMLC_ROLE="server", DMLC_NODE_HOST=net.addr["srv"])
-        server = Proc(net, "srv", "server", launch, srv_env, rundir, nice)
+        server = Proc(net, "srv", "server", role_cmd, srv_env, rundir, nice)
         procs.append(server)
         wprocs = []
         for i in range(workers):
@@ -264,13 +269,13 @@ def run_cluster(net: EmulatedNetwork, workers: int, spec: advise.CompressorSpec,
             os.makedirs(sock, exist_ok=True)
             wenv = dict(env, DMLC_ROLE="worker", DMLC_WORKER_ID=str(i),
                         DMLC_NODE_HOST=net.addr[f"w{i}"], BYTEPS_LOCAL_RANK="0",
-                        BYTEPS_LOCAL_SIZE="1", BYTEPS_SOCKET_PATH=sock,
-                        BYTEPS_SHM_PREFIX=f"{net.prefix}_{tag}_w{i}_")
+                        BYTEPS_LOCAL_SIZE="1", BYTEPS_SOCKET_PATH=sock)
             wp = Proc(net, f"w{i}", f"worker {i}", launch + ["--"] + worker_cmd, wenv, rundir,
                       nice)
             procs.append(wp)
             wprocs.append(wp)
         deadline = time.monotonic() + timeout_s
+        roles_gone_at = None
         while True:
             cpu.append((time.time(), _proc_cpu_seconds(server.p.pid)))
             codes = [w.p.poll() for w in wprocs]
@@ -281,9 +286,15 @@ def run_cluster(net: EmulatedNetwork, workers: int, spec: advise.CompressorSpec,
             if all(c == 0 for c in codes):
                 break
             for p in procs[:2]:
-                if p.p.poll() is not None:
-                    status, error = "failed", f"{p.name} exited early ({p.p.returncode})"
+                if p.p.poll() not in (None, 0):
+                    status, error = "failed", f"{p.name} exited with {p.p.returncode}"
             if status != "ok":
+                break
+            # at shutdown the server and scheduler may leave a moment before the workers do
+            if roles_gone_at is None and any(p.p.poll() is not None for p in procs[:2]):
+                roles_gone_at = time.monotonic()
+            if roles_gone_at is not None and time.monotonic() - roles_gone_at > 20:
+                status, error = "failed", "the server or scheduler left 20 s before the workers"
                 break
             if time.monotonic() > deadline:
                 status, error = "timeout", f"not finished after {timeout_s:.0f}s"
@@ -301,7 +312,8 @@ def run_cluster(net: EmulatedNetwork, workers: int, spec: advise.CompressorSpec,
         net.kill_all()       # anything a launcher left behind (its children have own sessions)
         for p in procs:
             p.join()
-        _remove_shm(f"{net.prefix}_{tag}_")
+        # the fork names its shared memory BytePS_ShM_<root uri>_<root port>_<worker>...
+        _remove_shm(f"BytePS_ShM_{env['DMLC_PS_ROOT_URI']}_{env['DMLC_PS_ROOT_PORT']}_")
     return {"procs": procs, "cpu": cpu, "status": status, "error": error, "rundir": rundir}
 
 
@@ -517,6 +529,8 @@ def plot(records: Sequence[dict], outdir: str) -> List[str]:
             ax.set_yscale("log")
             ax.set_xticks(sorted({r["bandwidth_gbit"] for r in rs}))
             ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
+            ax.get_yaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
+            ax.get_yaxis().set_minor_formatter(matplotlib.ticker.NullFormatter())
             ax.set_xlabel("link bandwidth (Gbit/s, tbf)")
             ax.set_ylabel("step time (ms, median; bar: p90)")
             ax.set_title(f"{m}, {rs[0]['workers']} workers, compute {rs[0]['compute_ms']:g} ms",
