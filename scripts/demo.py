@@ -26,12 +26,16 @@ EXAMPLE = os.path.join(ROOT, "example", "pytorch", "train_digits.py")
 
 
 def have_byteps():
-    """The fork's server and torch plugin are installed (without importing byteps.server,
-    which would start a server)."""
-    try:
-        return all(importlib.util.find_spec(m) is not None for m in ("byteps.server", "byteps.torch"))
-    except ModuleNotFoundError:
+    """The fork's server and torch plugin libraries are installed (found, not imported:
+    importing byteps.server would start a server)."""
+    spec = importlib.util.find_spec("byteps")
+    if spec is None or not spec.submodule_search_locations:
         return False
+    pkg = list(spec.submodule_search_locations)[0]
+    return all(any(f.startswith("c_lib") and f.endswith(".so")
+                   for f in (os.listdir(os.path.join(pkg, sub))
+                             if os.path.isdir(os.path.join(pkg, sub)) else []))
+               for sub in ("server", "torch"))
 
 
 def netns_prefix():

@@ -16,10 +16,16 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def _have_byteps():
-    try:  # find_spec, not import: importing byteps.server starts a server
-        return all(importlib.util.find_spec(m) is not None for m in ("byteps.server", "byteps.torch"))
-    except ModuleNotFoundError:
+    """The fork's server and torch plugin libraries are installed (found, not imported:
+    importing byteps.server starts a server)."""
+    spec = importlib.util.find_spec("byteps")
+    if spec is None or not spec.submodule_search_locations:
         return False
+    pkg = list(spec.submodule_search_locations)[0]
+    return all(any(f.startswith("c_lib") and f.endswith(".so")
+                   for f in (os.listdir(os.path.join(pkg, sub))
+                             if os.path.isdir(os.path.join(pkg, sub)) else []))
+               for sub in ("server", "torch"))
 
 
 pytestmark = pytest.mark.skipif(not _have_byteps(), reason="BytePS fork not installed (make byteps)")
