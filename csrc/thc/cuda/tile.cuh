@@ -20,6 +20,7 @@
 //   Dst::kOut     out = sign * w, fp32 and optionally the input dtype (decode, last kernel)
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 
 #include "common.cuh"
@@ -322,15 +323,24 @@ __global__ void __launch_bounds__(kThreads, 4) TileKernel(const __grid_constant_
 template <int LT, Src S, Dst D, typename T>
 cudaError_t LaunchTile(const TileParams& p, cudaStream_t stream);
 
-// Above 48 KiB of shared memory a kernel must opt in, per device; the call is cheap (no sync).
+// Above 48 KiB of shared memory a kernel must opt in, once per device (before any stream
+// capture: the first launch on a device does it, so warm up before capturing a CUDA graph).
 #define THC_DEFINE_LAUNCH_TILE(LT, S, D, T)                                                     \
   template <>                                                                                 \
   cudaError_t LaunchTile<LT, S, D, T>(const TileParams& p, cudaStream_t stream) {             \
     constexpr size_t smem = TileTraits<LT>::kSmemBytes;                                       \
     if (smem > 48 * 1024) {                                                                   \
-      const cudaError_t attr = cudaFuncSetAttribute(                                          \
-          TileKernel<LT, S, D, T>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);   \
-      if (attr != cudaSuccess) return attr;                                                   \
+      static std::atomic<uint64_t> opted{0};                                                  \
+      int dev = 0;                                                                            \
+      cudaError_t err = cudaGetDevice(&dev);                                                  \
+      if (err != cudaSuccess) return err;                                                     \
+      const uint64_t bit = dev < 64 ? (uint64_t{1} << dev) : 0;                               \
+      if (!bit || !(opted.load(std::memory_order_acquire) & bit)) {                          \
+        err = cudaFuncSetAttribute(TileKernel<LT, S, D, T>,                                   \
+                                   cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);   \
+        if (err != cudaSuccess) return err;                                                   \
+        opted.fetch_or(bit, std::memory_order_acq_rel);                                       \
+      }                                                                                       \
     }                                                                                         \
     TileKernel<LT, S, D, T><<<p.num_tiles, kThreads, smem, stream>>>(p);                      \
     return cudaGetLastError();                                                                \
