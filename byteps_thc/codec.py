@@ -189,18 +189,22 @@ class ThcCodec:
         """||x + residual||_2 (binary64 accumulation); the norm round takes the max over workers."""
         return self._enc.norm(_float_vector(x, "x", self.size))
 
-    def encode(self, x, max_norm) -> np.ndarray:
+    def encode(self, x, max_norm, out: Optional[np.ndarray] = None) -> np.ndarray:
         """The packed b-bit indices (payload_bytes uint8). Advances the step; on error nothing
-        changes (step and residual are kept)."""
+        changes (step and residual are kept). `out`: an optional uint8 array of payload_bytes
+        to write into (no allocation); it is returned."""
         xv = _float_vector(x, "x", self.size)
-        return self._enc.encode(xv, _check_norm(max_norm))
+        return self._enc.encode(xv, _check_norm(max_norm), out)
 
-    def decode(self, sums, max_norm, num_workers: int) -> np.ndarray:
-        """The estimate of the mean input of `num_workers` workers from the aggregated sums."""
+    def decode(self, sums, max_norm, num_workers: int,
+               out: Optional[np.ndarray] = None) -> np.ndarray:
+        """The estimate of the mean input of `num_workers` workers from the aggregated sums
+        (`padded` lanes, as ThcAggregator.result() gives). `out`: an optional float32 array of
+        size elements to write into; it is returned."""
         n = _check_int("num_workers", num_workers, 1, (1 << 32) - 1)
         self.config.lane_bits(n)  # raises when n*g overflows a 32-bit lane
         s = _int_vector(sums, "sums", ("uint8", "uint16", "uint32"))
-        return _C.decode(self._core, self.size, s, n, _check_norm(max_norm))
+        return _C.decode(self._core, self.size, s, n, _check_norm(max_norm), out)
 
 
 class ThcAggregator:

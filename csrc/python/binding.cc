@@ -12,8 +12,12 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
+#include <chrono>
+#include <cmath>
 #include <cstring>
 #include <memory>
+#include <vector>
 #include <sstream>
 #include <string>
 
@@ -122,10 +126,13 @@ class PyEncoder {
       Fail(ef_ ? "x + residual contains NaN or Inf" : "x contains NaN or Inf");
     return n;
   }
-  py::array_t<uint8_t> Encode(const py::handle& x, double max_norm) {
+  py::array_t<uint8_t> Encode(const py::handle& x, double max_norm, const py::handle& out_obj) {
     auto a = Vector<float>(x, "x", enc_->geometry().d, true);
     CheckMaxNorm(max_norm);
-    py::array_t<uint8_t> out(enc_->geometry().payload_bytes);
+    py::array_t<uint8_t> out = out_obj.is_none()
+        ? py::array_t<uint8_t>(enc_->geometry().payload_bytes)
+        : Vector<uint8_t>(out_obj, "out", enc_->geometry().payload_bytes, true);
+    if (!out.writeable()) Fail("out must be writeable");
     thc::Status st;
     {
       py::gil_scoped_release nogil;
@@ -194,7 +201,7 @@ class PyAggregator {
 };
 
 py::array_t<float> DecodePy(const thc::Config& cfg, size_t d, const py::handle& sums,
-                            uint32_t num_workers, double max_norm) {
+                            uint32_t num_workers, double max_norm, const py::handle& out_obj) {
   CheckConfig(cfg);
   CheckSize(d);
   CheckMaxNorm(max_norm);
@@ -221,7 +228,9 @@ py::array_t<float> DecodePy(const thc::Config& cfg, size_t d, const py::handle& 
     m << "sums have " << a.size() << " elements, expected the padded size " << geo.padded;
     Fail(m.str());
   }
-  py::array_t<float> out(d);
+  py::array_t<float> out = out_obj.is_none() ? py::array_t<float>(d)
+                                             : Vector<float>(out_obj, "out", d, true);
+  if (!out.writeable()) Fail("out must be writeable");
   thc::Status st;
   {
     py::gil_scoped_release nogil;
@@ -282,11 +291,31 @@ PYBIND11_MODULE(_C, m) {
   m.def("fwht", &FwhtPy, py::arg("x"), py::arg("block") = 0,
         "Unnormalised Walsh-Hadamard transform of each block (0 = whole array); returns a copy.");
 
+  m.def(
+      "_time_fwht",
+      [](py::array_t<float> x, size_t block, int reps) {
+        // Benchmark helper: median seconds of an in-place transform of x (x is overwritten).
+        float* p = x.mutable_data();
+        const size_t n = (size_t)x.size();
+        if (block == 0 || (block & (block - 1)) != 0 || n % block != 0) Fail("bad block");
+        std::vector<double> ts;
+        py::gil_scoped_release nogil;
+        for (int r = 0; r < reps; ++r) {
+          const auto t0 = std::chrono::steady_clock::now();
+          thc::Fwht(p, n, block);
+          ts.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+        }
+        std::sort(ts.begin(), ts.end());
+        return ts.empty() ? 0.0 : ts[ts.size() / 2];
+      },
+      py::arg("x"), py::arg("block"), py::arg("reps"));
+
   py::class_<PyEncoder>(m, "Encoder")
       .def(py::init<const thc::Config&, size_t, uint32_t, bool>(), py::arg("cfg"), py::arg("d"),
            py::arg("rank"), py::arg("error_feedback"))
       .def("norm", &PyEncoder::Norm, py::arg("x"))
-      .def("encode", &PyEncoder::Encode, py::arg("x"), py::arg("max_norm"))
+      .def("encode", &PyEncoder::Encode, py::arg("x"), py::arg("max_norm"),
+           py::arg("out") = py::none())
       .def_property(
           "step", [](PyEncoder& e) { return e.core().step(); },
           [](PyEncoder& e, uint64_t s) { e.core().set_step(s); })
@@ -307,7 +336,7 @@ PYBIND11_MODULE(_C, m) {
                              [](PyAggregator& a) { return GeometryDict(a.core().geometry()); });
 
   m.def("decode", &DecodePy, py::arg("cfg"), py::arg("d"), py::arg("sums"),
-        py::arg("num_workers"), py::arg("max_norm"));
+        py::arg("num_workers"), py::arg("max_norm"), py::arg("out") = py::none());
   m.def("active_isa", &thc::ActiveIsa);
   m.def(
       "force_isa",

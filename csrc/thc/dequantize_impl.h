@@ -12,15 +12,33 @@ namespace detail {
 namespace THC_ISA {
 namespace {
 
+// float(S) for W lanes of uint8 / uint16 / uint32 (exact conversion, correctly rounded for
+// uint32 above 2^24). Widening to int32 first keeps GCC on vector instructions.
+inline vf ToFloat(const uint8_t* p) {
+  typedef uint8_t v8 __attribute__((vector_size(THC_W)));
+  v8 x;
+  std::memcpy(&x, p, sizeof x);
+  return __builtin_convertvector(__builtin_convertvector(x, vi), vf);
+}
+inline vf ToFloat(const uint16_t* p) {
+  typedef uint16_t v16 __attribute__((vector_size(THC_W * 2)));
+  v16 x;
+  std::memcpy(&x, p, sizeof x);
+  return __builtin_convertvector(__builtin_convertvector(x, vi), vf);
+}
+inline vf ToFloat(const uint32_t* p) {
+  const vu x = LoadU(p);
+  // hi * 2^16 and lo are exact; their sum is rounded once, as float(x) is.
+  const vf hi = __builtin_convertvector((vi)(x >> 16), vf) * 65536.0f;
+  return hi + __builtin_convertvector((vi)(x & 0xFFFFu), vf);
+}
+
 template <class T>
 void LoadSumsT(const T* s, size_t n, float m1, float m0, float* v) {
-  typedef T vt __attribute__((vector_size(THC_W * sizeof(T))));
   const vf a = BroadcastF(m1), b = BroadcastF(m0);
   size_t i = 0;
   for (; i + W <= n; i += W) {
-    vt x;
-    std::memcpy(&x, s + i, sizeof x);
-    vf z = __builtin_convertvector(x, vf) * a;
+    vf z = ToFloat(s + i) * a;
     z = z + b;
     StoreF(v + i, z);
   }

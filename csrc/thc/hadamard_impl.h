@@ -18,8 +18,16 @@ namespace detail {
 namespace THC_ISA {
 namespace {
 
-constexpr size_t kLeaf = 4096;                // floats finished in L1 before going up
-constexpr int kMaxRadix = (W >= 16) ? 4 : 3;  // stages per register pass (register budget)
+#ifndef THC_LEAF
+#define THC_LEAF 1024
+#endif
+#ifndef THC_RADIX16
+#define THC_RADIX16 3
+#endif
+constexpr size_t kLeaf = THC_LEAF;                // floats finished in L1 before going up
+// Stages per register pass. 2^3 streams: more would exceed the 8 ways of L1/L2 when the stride
+// is a multiple of 4 KiB, evicting lines between their load and their store.
+constexpr int kMaxRadix = W >= 16 ? THC_RADIX16 : 3;
 
 template <int H>
 inline vu NegMask() {
@@ -64,8 +72,10 @@ inline vf AllInVector(vf x) {
 // S stages across 2^S register vectors r[0..2^S): distances 1, 2, 4, ... in register index.
 template <int S>
 inline void RegisterStages(vf* r) {
+#pragma GCC unroll 8
   for (int st = 0; st < S; ++st) {
     const int d = 1 << st;
+#pragma GCC unroll 16
     for (int m = 0; m < (1 << S); ++m) {
       if (m & d) continue;
       const vf a = r[m], b = r[m + d];
@@ -75,19 +85,38 @@ inline void RegisterStages(vf* r) {
   }
 }
 
-// Stages h, 2h, ..., h*2^(S-1) over x[0, n); h a multiple of W, n a multiple of h*2^S.
-template <int S>
-void RadixPass(float* x, size_t n, size_t h) {
+// Stages h, 2h, ..., h*2^(S-1) over x[0, n); h a multiple of the vector V's width, n a
+// multiple of h*2^S.
+template <int S, class V>
+void RadixPassV(float* x, size_t n, size_t h) {
+  constexpr size_t kW = sizeof(V) / sizeof(float);
   const size_t span = h << S;
   for (size_t base = 0; base < n; base += span) {
     float* p = x + base;
-    for (size_t o = 0; o < h; o += W) {
-      vf r[1 << S];
-      for (int m = 0; m < (1 << S); ++m) r[m] = LoadF(p + o + m * h);
-      RegisterStages<S>(r);
-      for (int m = 0; m < (1 << S); ++m) StoreF(p + o + m * h, r[m]);
+    for (size_t o = 0; o < h; o += kW) {
+      V r[1 << S];
+#pragma GCC unroll 16
+      for (int m = 0; m < (1 << S); ++m) std::memcpy(&r[m], p + o + m * h, sizeof(V));
+#pragma GCC unroll 8
+      for (int st = 0; st < S; ++st) {
+        const int d = 1 << st;
+#pragma GCC unroll 16
+        for (int m = 0; m < (1 << S); ++m) {
+          if (m & d) continue;
+          const V a = r[m], b = r[m + d];
+          r[m] = a + b;
+          r[m + d] = a - b;
+        }
+      }
+#pragma GCC unroll 16
+      for (int m = 0; m < (1 << S); ++m) std::memcpy(p + o + m * h, &r[m], sizeof(V));
     }
   }
+}
+
+template <int S>
+void RadixPass(float* x, size_t n, size_t h) {
+  RadixPassV<S, vf>(x, n, h);
 }
 
 void RadixPassS(float* x, size_t n, size_t h, int s) {
@@ -117,8 +146,10 @@ void LeafFwht(float* x, size_t n) {
   if (vecs >= 8) {
     for (size_t i = 0; i < n; i += 8 * W) {
       vf r[8];
+#pragma GCC unroll 8
       for (int m = 0; m < 8; ++m) r[m] = AllInVector(LoadF(x + i + m * W));
       RegisterStages<3>(r);
+#pragma GCC unroll 8
       for (int m = 0; m < 8; ++m) StoreF(x + i + m * W, r[m]);
     }
   } else {

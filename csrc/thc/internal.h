@@ -86,7 +86,10 @@ THC_DECLARE_ISA_KERNELS(avx512)
 
 // Elements per chunk the drivers hand to the kernels when blocks are small (a multiple of 32
 // and of every block it covers; sized for L1/L2).
-constexpr size_t kChunk = 8192;
+#ifndef THC_CHUNK
+#define THC_CHUNK 2048
+#endif
+constexpr size_t kChunk = THC_CHUNK;
 
 }  // namespace detail
 }  // namespace thc

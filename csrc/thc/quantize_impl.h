@@ -41,29 +41,29 @@ inline vf GatherF(const float* base, vi idx) {
 
 // Any table: lvl[] when present, else a binary search over tbl (largest i with TBL[i] <= k).
 struct GatherLut {
-  const QuantParams& p;
-  explicit GatherLut(const QuantParams& q) : p(q) {}
+  const int32_t* lvl;
+  const int32_t* tbl;
+  const float* tblf;
+  const float* ig;
+  int levels;
+  explicit GatherLut(const QuantParams& q)
+      : lvl(q.lvl), tbl(q.tbl), tblf(q.tblf), ig(q.ig), levels(q.levels) {}
   vi Level(vi k) const {
-    vi i;
-    if (p.lvl) {
-      i = Gather32(p.lvl, k);
-    } else {
-      i = vi{};
-      for (int step = p.levels / 2; step >= 1; step /= 2) {
-        const vi cand = i + step;
-        i = (Gather32(p.tbl, cand) <= k) ? cand : i;
-      }
-      const vi cap = vi{} + (p.levels - 2);
-      i = (i < cap) ? i : cap;
+    if (lvl) return Gather32(lvl, k);
+    vi i = vi{};
+    for (int step = levels / 2; step >= 1; step /= 2) {
+      const vi cand = i + step;
+      i = (Gather32(tbl, cand) <= k) ? cand : i;
     }
-    return i;
+    const vi cap = vi{} + (levels - 2);
+    return (i < cap) ? i : cap;
   }
-  vf Tblf(vi i) const { return GatherF(p.tblf, i); }
-  vf Ig(vi i) const { return GatherF(p.ig, i); }
+  vf Tblf(vi i) const { return GatherF(tblf, i); }
+  vf Ig(vi i) const { return GatherF(ig, i); }
 };
 
+// At most 16 levels and g < 32: every lookup is a register permute.
 #if THC_W == 16
-// AVX-512, at most 16 levels and g < 32: every lookup is a register permute.
 struct PermLut {
   __m512i lvl_lo, lvl_hi;
   __m512 tblf, ig;
@@ -81,12 +81,47 @@ struct PermLut {
   vf Tblf(vi i) const { return (vf)_mm512_permutexvar_ps((__m512i)i, tblf); }
   vf Ig(vi i) const { return (vf)_mm512_permutexvar_ps((__m512i)i, ig); }
 };
+#elif THC_W == 8
+struct PermLut {
+  __m256i lv[4];
+  __m256 tf[2], g[2];
+  explicit PermLut(const QuantParams& p) {
+    int32_t l[32] = {0};
+    float t[16] = {0}, q[16] = {0};
+    for (int k = 0; k < 32 && p.tbl[p.levels - 1] >= (int32_t)k; ++k) l[k] = p.lvl[k];
+    for (int i = 0; i < p.levels; ++i) { t[i] = p.tblf[i]; q[i] = p.ig[i]; }
+    for (int j = 0; j < 4; ++j) lv[j] = _mm256_loadu_si256((const __m256i*)(l + 8 * j));
+    for (int j = 0; j < 2; ++j) { tf[j] = _mm256_loadu_ps(t + 8 * j); g[j] = _mm256_loadu_ps(q + 8 * j); }
+  }
+  // Selects by bit 3 (and bit 4) of the index, moved into the sign bit for blendv.
+  static __m256 Pick16(const __m256* t, __m256i i) {
+    const __m256 a = _mm256_permutevar8x32_ps(t[0], i), b = _mm256_permutevar8x32_ps(t[1], i);
+    return _mm256_blendv_ps(a, b, _mm256_castsi256_ps(_mm256_slli_epi32(i, 28)));
+  }
+  vi Level(vi k) const {
+    const __m256i ki = (__m256i)k;
+    const __m256 lo = Pick16((const __m256*)lv, ki), hi = Pick16((const __m256*)(lv + 2), ki);
+    return (vi)_mm256_castps_si256(
+        _mm256_blendv_ps(lo, hi, _mm256_castsi256_ps(_mm256_slli_epi32(ki, 27))));
+  }
+  vf Tblf(vi i) const { return (vf)Pick16(tf, (__m256i)i); }
+  vf Ig(vi i) const { return (vf)Pick16(g, (__m256i)i); }
+};
 #endif
 
+// Low bytes of the W lanes (values < 256) to out[0, W).
 inline void StoreIdx(uint8_t* out, vi q) {
+#if THC_W == 8
+  const __m256i b = _mm256_shuffle_epi8(
+      (__m256i)q, _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
+                                   0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1));
+  const __m256i c = _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 1, 1, 1, 1, 1));
+  _mm_storel_epi64((__m128i*)out, _mm256_castsi256_si128(c));
+#else
   typedef uint8_t v8 __attribute__((vector_size(THC_W)));
   const v8 b = __builtin_convertvector(q, v8);
   std::memcpy(out, &b, sizeof b);
+#endif
 }
 
 // Scalar twin for tails, same operations.
@@ -118,9 +153,9 @@ inline uint8_t QuantizeOne(float* yp, uint64_t j, const QuantParams& p) {
   return (uint8_t)q;
 }
 
-template <class Lut>
+template <bool kEf, class Lut>
 void QuantizeLoop(float* y, size_t n, uint64_t j0, const QuantParams& p, uint8_t* idx,
-                  const Lut& lut) {
+                  const Lut lut) {
   const vf c1 = BroadcastF(p.c1), c0 = BroadcastF(p.c0), g = BroadcastF(p.gmax);
   const vf zero = vf{}, k1 = BroadcastF(p.k1), k0 = BroadcastF(p.k0);
   const vu key = BroadcastU(p.round_key), lanes = Iota();
@@ -139,7 +174,7 @@ void QuantizeLoop(float* y, size_t n, uint64_t j0, const QuantParams& p, uint8_t
     const vf u = __builtin_convertvector((vi)(h >> 8), vf) * 0x1p-24f;
     const vi q = lv - (vi)(u < pr);
     StoreIdx(idx + i, q);
-    if (p.ef) {
+    if constexpr (kEf) {
       vf r = lut.Tblf(q) * k1;
       r = r + k0;
       StoreF(y + i, yv - r);
@@ -194,13 +229,15 @@ bool LoadSigned(const float* grad, const float* res, size_t nvalid, size_t n, ui
 }
 
 void Quantize(float* y, size_t n, uint64_t j0, const QuantParams& p, uint8_t* idx) {
-#if THC_W == 16
+#if THC_W >= 8
   if (p.lvl && p.levels <= 16 && p.tbl[p.levels - 1] < 32) {
-    QuantizeLoop(y, n, j0, p, idx, PermLut(p));
+    if (p.ef) QuantizeLoop<true>(y, n, j0, p, idx, PermLut(p));
+    else QuantizeLoop<false>(y, n, j0, p, idx, PermLut(p));
     return;
   }
 #endif
-  QuantizeLoop(y, n, j0, p, idx, GatherLut(p));
+  if (p.ef) QuantizeLoop<true>(y, n, j0, p, idx, GatherLut(p));
+  else QuantizeLoop<false>(y, n, j0, p, idx, GatherLut(p));
 }
 
 void Pack(const uint8_t* idx, size_t n, int bits, uint8_t* out) {
@@ -226,22 +263,20 @@ void Pack(const uint8_t* idx, size_t n, int bits, uint8_t* out) {
 }
 
 bool SumSquares(const float* grad, const float* res, size_t n, double* out) {
-  typedef double vd __attribute__((vector_size(THC_W * 8)));
-  vd acc0 = vd{}, acc1 = vd{};
+  vdh a0 = vdh{}, a1 = vdh{}, a2 = vdh{}, a3 = vdh{};
   vu bad = vu{};
   size_t i = 0;
   for (; i + 2 * W <= n; i += 2 * W) {
     vf x0 = LoadF(grad + i), x1 = LoadF(grad + i + W);
     if (res) { x0 = x0 + LoadF(res + i); x1 = x1 + LoadF(res + i + W); }
     bad |= NonFiniteMask(x0) | NonFiniteMask(x1);
-    const vd d0 = __builtin_convertvector(x0, vd), d1 = __builtin_convertvector(x1, vd);
-    acc0 = acc0 + d0 * d0;
-    acc1 = acc1 + d1 * d1;
+    AddSquares(x0, &a0, &a1);
+    AddSquares(x1, &a2, &a3);
   }
   bool ok = true;
   for (int l = 0; l < W; ++l) ok &= (bad[l] == 0);
   double s = 0;
-  for (int l = 0; l < W; ++l) s += acc0[l] + acc1[l];
+  for (int l = 0; l < W / 2; ++l) s += (a0[l] + a1[l]) + (a2[l] + a3[l]);
   for (; i < n; ++i) {
     const float x = res ? grad[i] + res[i] : grad[i];
     ok &= IsFinite(x);

@@ -1,0 +1,178 @@
+#!/usr/bin/env python3
+"""Codec speed: encode, decode and aggregate against a memcpy of the same float32 bytes.
+
+For each instruction set the CPU has, each partition size d and each rotation block (1024-wide
+and the whole partition), prints the median time per coordinate of
+
+    memcpy     np.copyto of d float32 (the yardstick, measured in the same run)
+    encode     ThcCodec.encode with error feedback (two transforms), into a preallocated payload
+    decode     ThcCodec.decode of n=4 workers' sums, into a preallocated output
+    aggregate  one ThcAggregator.add (unpack, table lookup, integer add)
+
+and each as a ratio to memcpy, with one thread and with all threads (independent partitions in
+parallel threads, as BytePS compresses partitions in parallel; the GIL is released in the
+kernels). Targets at d = 2^20, one thread: encode <= 3x, decode <= 3x, aggregate <= 0.3x.
+
+    python scripts/bench_codec.py                      # 2^16, 2^20, 2^24; every ISA
+    python scripts/bench_codec.py --sizes 20 --isa avx512 --json out.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from byteps_thc import ThcAggregator, ThcCodec, ThcConfig  # noqa: E402
+from byteps_thc import _C  # noqa: E402
+
+WORKERS = 4  # the sums decoded are those of this many workers (8-bit lanes at g = 30)
+
+
+class Partition:
+    """One partition's state for one thread: data, codec, aggregator, output buffers."""
+
+    def __init__(self, cfg: ThcConfig, d: int, seed: int):
+        rng = np.random.default_rng(seed)
+        self.x = rng.standard_normal(d, dtype=np.float32)
+        self.copy_dst = np.empty_like(self.x)
+        self.codec = ThcCodec(cfg, d, rank=seed % 4)
+        self.max_norm = self.codec.norm(self.x) * 1.5
+        self.payload = np.empty(self.codec.payload_bytes, dtype=np.uint8)
+        self.codec.encode(self.x, self.max_norm, out=self.payload)
+        self.agg = ThcAggregator(cfg, d, WORKERS)
+        for _ in range(WORKERS):
+            self.agg.add(self.payload)
+        self.sums = self.agg.result()
+        self.out = np.empty(d, dtype=np.float32)
+
+    def memcpy(self):
+        np.copyto(self.copy_dst, self.x)
+
+    def encode(self):
+        self.codec.encode(self.x, self.max_norm, out=self.payload)
+
+    def decode(self):
+        self.codec.decode(self.sums, self.max_norm, WORKERS, out=self.out)
+
+    def aggregate(self):
+        if self.agg.count == WORKERS:
+            self.agg.reset()
+        self.agg.add(self.payload)
+
+
+def time_single(fn, repeats: int) -> float:
+    fn()  # warm up
+    ts = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts)
+
+
+def time_threads(fns, repeats: int) -> float:
+    """Wall time for len(fns) threads to run their function once each (median of repeats)."""
+    n = len(fns)
+    start, end = threading.Barrier(n + 1), threading.Barrier(n + 1)
+
+    def worker(fn):
+        for _ in range(repeats + 1):
+            start.wait()
+            fn()
+            end.wait()
+
+    threads = [threading.Thread(target=worker, args=(fn,)) for fn in fns]
+    for t in threads:
+        t.start()
+    ts = []
+    for r in range(repeats + 1):
+        start.wait()
+        t0 = time.perf_counter()
+        end.wait()
+        if r:  # the first is the warm-up
+            ts.append(time.perf_counter() - t0)
+    for t in threads:
+        t.join()
+    return statistics.median(ts)
+
+
+def bench(cfg, d, threads, repeats, ops):
+    parts = [Partition(cfg, d, seed) for seed in range(threads)]
+    res = {}
+    for op in ["memcpy"] + ops:
+        if threads == 1:
+            t = time_single(getattr(parts[0], op), repeats)
+        else:
+            t = time_threads([getattr(p, op) for p in parts], repeats)
+        res[op] = t
+    return res
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sizes", default="16,20,24", help="log2 of d, comma separated")
+    ap.add_argument("--isa", default="all", help="portable, avx2, avx512 or all (those the CPU has)")
+    ap.add_argument("--blocks", default="1024,0", help="rotation blocks; 0 = whole partition")
+    ap.add_argument("--threads", default=f"1,{os.cpu_count()}", help="thread counts")
+    ap.add_argument("--repeats", type=int, default=0, help="repeats (default: by size)")
+    ap.add_argument("--ops", default="encode,decode,aggregate")
+    ap.add_argument("--json", metavar="PATH", help="write the results as JSON here")
+    args = ap.parse_args(argv)
+
+    isas = ["avx512", "avx2", "portable"] if args.isa == "all" else args.isa.split(",")
+    original = _C.active_isa()
+    isas = [i for i in isas if _C.force_isa(i)]
+    _C.force_isa(original)
+    sizes = [int(s) for s in args.sizes.split(",")]
+    blocks = [int(b) for b in args.blocks.split(",")]
+    thread_counts = sorted({int(t) for t in args.threads.split(",")})
+    ops = args.ops.split(",")
+
+    print(f"# byteps-thc codec benchmark: cpu={os.cpu_count()} cores, ISAs {isas} "
+          f"(best {original}); b=4 g=30 p=1/32, EF on; decode/aggregate with {WORKERS} workers' sums")
+    print(f"# per-coordinate ns (ratio to memcpy of the same float32 bytes); median of repeats")
+    hdr = f"{'isa':8} {'d':>6} {'block':>7} {'thr':>3} {'memcpy ns':>9} " + " ".join(
+        f"{op + ' ns (x)':>20}" for op in ops)
+    print(hdr, flush=True)
+    rows = []
+    for isa in isas:
+        _C.force_isa(isa)
+        for lg in sizes:
+            d = 1 << lg
+            for block in blocks:
+                cfg = ThcConfig(rotation_block=block or None, error_feedback=True)
+                for thr in thread_counts:
+                    repeats = args.repeats or (21 if lg <= 18 else 9 if lg <= 22 else 3)
+                    r = bench(cfg, d, thr, repeats, ops)
+                    coords = d * thr
+                    row = {"isa": isa, "d": d, "log2_d": lg, "block": block or d, "threads": thr,
+                           "repeats": repeats}
+                    cells = []
+                    for op in ["memcpy"] + ops:
+                        row[op + "_s"] = r[op]
+                        row[op + "_ns_per_coord"] = r[op] / coords * 1e9
+                        if op != "memcpy":
+                            row[op + "_ratio"] = r[op] / r["memcpy"]
+                            cells.append(f"{row[op + '_ns_per_coord']:9.3f} ({row[op + '_ratio']:5.2f}x)")
+                    rows.append(row)
+                    print(f"{isa:8} {'2^%d' % lg:>6} {('whole' if not block else block):>7} {thr:>3} "
+                          f"{row['memcpy_ns_per_coord']:9.3f} " + " ".join(f"{c:>20}" for c in cells),
+                          flush=True)
+    _C.force_isa(original)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"rows": rows, "cpu_count": os.cpu_count(),
+                                               "best_isa": original}, indent=1))
+        print(f"# wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()
