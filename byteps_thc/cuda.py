@@ -65,12 +65,13 @@ def _torch():
 
 
 @functools.lru_cache(maxsize=64)
-def device_code(cfg: ThcConfig, fused_max_log: int = 14, column_max_bits: int = 11):
-    """The kernels' copy of the configuration (table included). The two planning knobs force more
-    transform passes on small sizes (tests); leave them at their defaults otherwise."""
+def device_code(cfg: ThcConfig, fused_max_log: int = 14, column_max_bits: int = 11,
+                chunk_log: int = 22):
+    """The kernels' copy of the configuration (table included). The planning knobs force more
+    transform passes and chunks on small sizes (tests); leave them at their defaults otherwise."""
     k = _require()
     return k.Code(cfg.bits, cfg.granularity, float(cfg.clip), cfg.seed, cfg.rotation_block or 0,
-                  [int(v) for v in cfg.table], fused_max_log, column_max_bits)
+                  [int(v) for v in cfg.table], fused_max_log, column_max_bits, chunk_log)
 
 
 def _dtype_code(dtype) -> int:
@@ -130,7 +131,7 @@ class CudaCodec:
     """
 
     def __init__(self, cfg: ThcConfig, size: int, rank: int = 0, device=None, *,
-                 fused_max_log: int = 14, column_max_bits: int = 11):
+                 fused_max_log: int = 14, column_max_bits: int = 11, chunk_log: int = 22):
         torch, k = _torch(), _require()
         if not isinstance(cfg, ThcConfig):
             raise ValueError(f"cfg must be a ThcConfig, got {type(cfg).__name__}")
@@ -143,7 +144,7 @@ class CudaCodec:
         if self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
         self._k = k
-        self._code = device_code(cfg, fused_max_log, column_max_bits)
+        self._code = device_code(cfg, fused_max_log, column_max_bits, chunk_log)
         _, self.block, self.padded, self.payload_bytes = k.geometry(self._code, size)
         with torch.cuda.device(self.device):
             f32 = dict(dtype=torch.float32, device=self.device)

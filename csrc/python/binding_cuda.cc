@@ -33,10 +33,12 @@ void Raise(const std::string& err) {
 }
 
 Code MakeCode(int bits, uint32_t granularity, double clip, uint64_t seed, uint64_t rotation_block,
-              const std::vector<uint32_t>& table, int fused_max_log, int column_max_bits) {
+              const std::vector<uint32_t>& table, int fused_max_log, int column_max_bits,
+              int chunk_log) {
   Code code;
   code.fused_max_log = fused_max_log;
   code.column_max_bits = column_max_bits;
+  code.chunk_log = chunk_log;
   code.bits = bits;
   code.granularity = granularity;
   code.clip = clip;
@@ -68,7 +70,8 @@ void RegisterCuda(py::module_& parent) {
   py::class_<Code>(m, "Code")
       .def(py::init(&MakeCode), py::arg("bits"), py::arg("granularity"), py::arg("clip"),
            py::arg("seed"), py::arg("rotation_block"), py::arg("table"),
-           py::arg("fused_max_log") = 14, py::arg("column_max_bits") = 11)
+           py::arg("fused_max_log") = 14, py::arg("column_max_bits") = 11,
+           py::arg("chunk_log") = 22)
       .def_readonly("bits", &Code::bits)
       .def_readonly("granularity", &Code::granularity)
       .def_readonly("clip", &Code::clip)
@@ -77,11 +80,12 @@ void RegisterCuda(py::module_& parent) {
 
   m.def(
       "code_from_config",
-      [](const thc::Config& cfg, int fused_max_log, int column_max_bits) {
+      [](const thc::Config& cfg, int fused_max_log, int column_max_bits, int chunk_log) {
         return MakeCode(cfg.bits, cfg.granularity, cfg.clip, cfg.seed, cfg.rotation_block,
-                        cfg.table, fused_max_log, column_max_bits);
+                        cfg.table, fused_max_log, column_max_bits, chunk_log);
       },
       py::arg("config"), py::arg("fused_max_log") = 14, py::arg("column_max_bits") = 11,
+      py::arg("chunk_log") = 22,
       "the device code of a core Config (byteps_thc._C.Config)");
 
   m.def("device_count", &DeviceCount, "CUDA devices seen (0 without a driver or a GPU)");

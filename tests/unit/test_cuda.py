@@ -50,7 +50,8 @@ def test_geometry_matches_reference(d, block):
     code = thc_cuda.device_code(cfg)
     geo = R.geometry(cfg, d)
     assert _C.cuda.geometry(code, d) == (geo.d, geo.block, geo.padded, geo.payload_bytes)
-    assert _C.cuda.workspace_floats(code, d) == (0 if geo.block <= (1 << 14) else geo.padded)
+    chunk = min(max(1 << 22, geo.block), geo.padded)
+    assert _C.cuda.workspace_floats(code, d) == (0 if geo.block <= (1 << 14) else chunk)
     for n in (1, 8, 9, 2184, 2185):
         assert _C.cuda.lane_bits(code, n) == cfg.lane_bits(n)
 
@@ -122,6 +123,7 @@ ENCODE_CASES = ([(d, b, "float32", None) for d in SIZES for b in (2, 4, 8)]
                 + [(d, b, dt, None) for d in (1000, (1 << 20) + 5) for b in (2, 8)
                    for dt in ("float16", "bfloat16")]
                 + [((1 << 20) + 5, 4, "float32", 1024), (70001, 4, "float32", 16384),
+                   (BIG, 4, "float32", 1 << 20), (BIG + 3, 4, "bfloat16", 1 << 17),
                    (40000, 3, "float32", 8192), (5, 4, "float32", 4)])
 
 
@@ -149,14 +151,17 @@ def test_encode_matches_reference(d, bits, dtype, block):
 
 
 @needs_gpu
-@pytest.mark.parametrize("d,block,fused,colmax", [
-    (70001, None, 12, 2), ((1 << 16) + 3, None, 12, 1), (8192, None, 12, 1), (20000, None, 12, 3),
-    ((1 << 20) + 5, None, 12, 3)])
-def test_forced_passes(d, block, fused, colmax):
-    """Blocks split into many transform passes (the middle passes of blocks beyond 2^23)."""
+@pytest.mark.parametrize("d,block,fused,colmax,chunk", [
+    (70001, None, 12, 2, 22), ((1 << 16) + 3, None, 12, 1, 22), (8192, None, 12, 1, 22),
+    (20000, None, 12, 3, 22), ((1 << 20) + 5, None, 12, 3, 22), ((1 << 20) + 5, 1 << 15, 14, 11, 16),
+    ((1 << 18) + 77, 1 << 16, 12, 2, 17), ((1 << 20) + 5, 1 << 17, 14, 11, 22)])
+def test_forced_passes(d, block, fused, colmax, chunk):
+    """Blocks split into many transform passes (the middle passes of blocks beyond 2^23) and
+    tensors into several chunks (the last one partial)."""
     cfg = ThcConfig(rotation_block=block)
     x, xt, res = _inputs(d, 7, "float32")
-    enc = thc_cuda.CudaCodec(cfg, d, 1, fused_max_log=fused, column_max_bits=colmax)
+    enc = thc_cuda.CudaCodec(cfg, d, 1, fused_max_log=fused, column_max_bits=colmax,
+                             chunk_log=chunk)
     enc.residual.copy_(torch.from_numpy(res))
     m = enc.norm(xt.cuda())
     payload = enc.encode(xt.cuda(), m).cpu().numpy()

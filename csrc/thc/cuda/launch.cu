@@ -8,6 +8,7 @@
 //            through a workspace of d_pad floats. With error feedback, e takes the same passes.
 #include <cmath>
 #include <string>
+#include <type_traits>
 
 #include "kernels.cuh"
 #include "tile.cuh"
@@ -116,46 +117,101 @@ cudaError_t MiddlePasses(const Plan& plan, TileParams* p, float* ws, cudaStream_
   return cudaSuccess;
 }
 
+// The multi-pass path runs chunk by chunk (whole blocks, 2^chunk_log floats or one block): the
+// workspace of one chunk is rewritten by each pass while it still sits in L2.
+uint64_t ChunkLen(const Code& code, const Geometry& g) {
+  const uint64_t c = uint64_t{1} << code.chunk_log;
+  const uint64_t len = g.block > c ? g.block : c;
+  return len < g.padded ? len : g.padded;
+}
+
+template <typename P>
+P* Advance(P* ptr, uint64_t bytes) {
+  using Byte = typename std::conditional<std::is_const<P>::value, const char, char>::type;
+  return ptr ? reinterpret_cast<P*>(reinterpret_cast<Byte*>(ptr) + bytes) : nullptr;
+}
+
 template <typename T>
-cudaError_t EncodeT(const Plan& plan, TileParams* p, const EncodeArgs& a, cudaStream_t stream) {
+cudaError_t EncodeT(const Code& code, const Geometry& g, TileParams* p, const EncodeArgs& a,
+                    cudaStream_t stream) {
   const bool ef = a.residual != nullptr;
-  p->first = true;
-  p->src = a.grad;
-  p->res_in = a.residual;
-  p->res_out = a.residual;
-  p->payload = a.payload;
-  if (plan.n == 1) {
+  if (g.log_block <= code.fused_max_log) {
+    const Plan plan = MakePlan(code, g);
+    p->first = true;
+    p->src = a.grad;
+    p->res_in = a.residual;
+    p->res_out = a.residual;
+    p->payload = a.payload;
     p->ef_mode = ef ? detail::kEfInTile : detail::kEfNone;
     return Tile<Src::kGrad, Dst::kQuant, T>(plan.pass[0], p, stream);
   }
-  p->scratch = a.workspace;
-  cudaError_t err = Tile<Src::kGrad, Dst::kScratch, T>(plan.pass[0], p, stream);
-  if (err == cudaSuccess) err = MiddlePasses(plan, p, a.workspace, stream);
-  if (err != cudaSuccess) return err;
-  p->ef_mode = ef ? detail::kEfScratch : detail::kEfNone;
-  err = Tile<Src::kScratch, Dst::kQuant, float>(plan.pass[plan.n - 1], p, stream);
-  if (err != cudaSuccess || !ef) return err;
-  // The transform of e: the same passes, ending in the residual.
-  p->ef_mode = detail::kEfNone;
-  err = Tile<Src::kScratch, Dst::kScratch, float>(plan.pass[0], p, stream);
-  if (err == cudaSuccess) err = MiddlePasses(plan, p, a.workspace, stream);
-  if (err != cudaSuccess) return err;
-  return Tile<Src::kScratch, Dst::kResidual, float>(plan.pass[plan.n - 1], p, stream);
+  const uint64_t chunk = ChunkLen(code, g);
+  for (uint64_t off = 0; off < g.padded; off += chunk) {
+    Geometry gc = g;
+    gc.padded = chunk < g.padded - off ? chunk : g.padded - off;
+    const Plan plan = MakePlan(code, gc);
+    p->j_base = off;
+    p->padded = gc.padded;
+    p->d = g.d - off < gc.padded ? g.d - off : gc.padded;
+    p->payload_bytes = gc.padded * code.bits / 8;  // a multiple of 2^15 coordinates
+    p->first = true;
+    p->ef_mode = detail::kEfNone;
+    p->src = Advance(a.grad, off * sizeof(T));
+    p->res_in = a.residual ? a.residual + off : nullptr;
+    p->res_out = p->res_in ? a.residual + off : nullptr;
+    p->payload = a.payload + off * code.bits / 8;
+    p->scratch = a.workspace;
+    cudaError_t err = Tile<Src::kGrad, Dst::kScratch, T>(plan.pass[0], p, stream);
+    if (err == cudaSuccess) err = MiddlePasses(plan, p, a.workspace, stream);
+    if (err != cudaSuccess) return err;
+    p->ef_mode = ef ? detail::kEfScratch : detail::kEfNone;
+    err = Tile<Src::kScratch, Dst::kQuant, float>(plan.pass[plan.n - 1], p, stream);
+    if (err != cudaSuccess) return err;
+    if (!ef) continue;
+    // The transform of e: the same passes, ending in the residual.
+    p->ef_mode = detail::kEfNone;
+    err = Tile<Src::kScratch, Dst::kScratch, float>(plan.pass[0], p, stream);
+    if (err == cudaSuccess) err = MiddlePasses(plan, p, a.workspace, stream);
+    if (err == cudaSuccess)
+      err = Tile<Src::kScratch, Dst::kResidual, float>(plan.pass[plan.n - 1], p, stream);
+    if (err != cudaSuccess) return err;
+  }
+  return cudaSuccess;
 }
 
 template <typename L>
-cudaError_t DecodeT(const Plan& plan, TileParams* p, const DecodeArgs& a, cudaStream_t stream) {
-  p->first = true;
-  p->src = a.sums;
-  p->out = a.out;
-  p->out_cast = a.out_cast;
+cudaError_t DecodeT(const Code& code, const Geometry& g, TileParams* p, const DecodeArgs& a,
+                    cudaStream_t stream) {
   p->out_dtype = a.out_dtype;
-  if (plan.n == 1) return Tile<Src::kSums, Dst::kOut, L>(plan.pass[0], p, stream);
-  p->scratch = a.workspace;
-  cudaError_t err = Tile<Src::kSums, Dst::kScratch, L>(plan.pass[0], p, stream);
-  if (err == cudaSuccess) err = MiddlePasses(plan, p, a.workspace, stream);
-  if (err != cudaSuccess) return err;
-  return Tile<Src::kScratch, Dst::kOut, float>(plan.pass[plan.n - 1], p, stream);
+  if (g.log_block <= code.fused_max_log) {
+    const Plan plan = MakePlan(code, g);
+    p->first = true;
+    p->src = a.sums;
+    p->out = a.out;
+    p->out_cast = a.out_cast;
+    return Tile<Src::kSums, Dst::kOut, L>(plan.pass[0], p, stream);
+  }
+  const uint64_t cast_size = a.out_dtype == kFloat32 ? 4 : 2;
+  const uint64_t chunk = ChunkLen(code, g);
+  for (uint64_t off = 0; off < g.padded; off += chunk) {
+    Geometry gc = g;
+    gc.padded = chunk < g.padded - off ? chunk : g.padded - off;
+    const Plan plan = MakePlan(code, gc);
+    p->j_base = off;
+    p->padded = gc.padded;
+    p->d = g.d - off < gc.padded ? g.d - off : gc.padded;
+    p->first = true;
+    p->src = Advance(a.sums, off * sizeof(L));
+    p->out = a.out ? a.out + off : nullptr;
+    p->out_cast = Advance(a.out_cast, off * cast_size);
+    p->scratch = a.workspace;
+    cudaError_t err = Tile<Src::kSums, Dst::kScratch, L>(plan.pass[0], p, stream);
+    if (err == cudaSuccess) err = MiddlePasses(plan, p, a.workspace, stream);
+    if (err == cudaSuccess)
+      err = Tile<Src::kScratch, Dst::kOut, float>(plan.pass[plan.n - 1], p, stream);
+    if (err != cudaSuccess) return err;
+  }
+  return cudaSuccess;
 }
 
 std::string CheckSizes(const Code& code, uint64_t d, Geometry* g) {
@@ -184,6 +240,8 @@ std::string ValidateCode(const Code& code) {
            " must be 0 or a power of two";
   if (code.fused_max_log != detail::kSmallTile && code.fused_max_log != detail::kLargeTile)
     return "thc.cuda: fused_max_log must be 12 or 14";
+  if (code.chunk_log < 15 || code.chunk_log > 32)
+    return "thc.cuda: chunk_log must be in 15..32";
   if (code.column_max_bits < 1 || code.column_max_bits > 11)
     return "thc.cuda: column_max_bits must be in 1..11";
   if (code.table[0] != 0 || code.table[K - 1] != code.granularity)
@@ -216,7 +274,7 @@ int LaneBits(const Code& code, uint32_t num_workers) {
 
 uint64_t WorkspaceFloats(const Code& code, uint64_t d) {
   const Geometry g = MakeGeometry(code, d < 1 ? 1 : d);
-  return g.log_block <= code.fused_max_log ? 0 : g.padded;
+  return g.log_block <= code.fused_max_log ? 0 : ChunkLen(code, g);
 }
 
 std::string LaunchNorm(const NormArgs& a, cudaStream_t stream) {
@@ -248,9 +306,9 @@ std::string LaunchEncode(const Code& code, const EncodeArgs& a, cudaStream_t str
   p.status_out = a.status_out;
   cudaError_t err;
   switch (a.dtype) {
-    case kFloat16: err = EncodeT<__half>(plan, &p, a, stream); break;
-    case kBFloat16: err = EncodeT<__nv_bfloat16>(plan, &p, a, stream); break;
-    case kFloat32: err = EncodeT<float>(plan, &p, a, stream); break;
+    case kFloat16: err = EncodeT<__half>(code, g, &p, a, stream); break;
+    case kBFloat16: err = EncodeT<__nv_bfloat16>(code, g, &p, a, stream); break;
+    case kFloat32: err = EncodeT<float>(code, g, &p, a, stream); break;
     default: return "thc.cuda: unknown dtype " + std::to_string(a.dtype);
   }
   return err == cudaSuccess ? "" : Fail("encode launch", err);
@@ -298,9 +356,9 @@ std::string LaunchDecode(const Code& code, const DecodeArgs& a, cudaStream_t str
   p.status_out = a.status_out;
   cudaError_t err;
   switch (a.lane_bits) {
-    case 8: err = DecodeT<uint8_t>(plan, &p, a, stream); break;
-    case 16: err = DecodeT<uint16_t>(plan, &p, a, stream); break;
-    default: err = DecodeT<uint32_t>(plan, &p, a, stream); break;
+    case 8: err = DecodeT<uint8_t>(code, g, &p, a, stream); break;
+    case 16: err = DecodeT<uint16_t>(code, g, &p, a, stream); break;
+    default: err = DecodeT<uint32_t>(code, g, &p, a, stream); break;
   }
   return err == cudaSuccess ? "" : Fail("decode launch", err);
 }

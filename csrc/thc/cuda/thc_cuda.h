@@ -38,6 +38,7 @@ struct Code {
   // Pass planning (tests force several passes on small sizes; leave the defaults otherwise):
   int fused_max_log = 14;       // blocks up to 2^this run in one kernel (12 or 14)
   int column_max_bits = 11;     // bits per column pass of a larger block (1..11)
+  int chunk_log = 22;           // larger blocks run in chunks of max(2^this, block) (L2-sized)
 };
 // Empty when valid.
 std::string ValidateCode(const Code& code);
@@ -52,7 +53,8 @@ Geometry MakeGeometry(const Code& code, uint64_t d);
 int LaneBits(const Code& code, uint32_t num_workers);
 
 // Floats of device scratch that LaunchEncode / LaunchDecode need (0 when the rotation block fits
-// one thread block, i.e. up to 2^15; else d_pad). Allocate it once per partition and reuse it.
+// one thread block, i.e. up to 2^14; else one chunk: max(2^22, block), at most d_pad). Allocate it
+// once per partition (16-byte aligned) and reuse it; calls on one stream may share one.
 uint64_t WorkspaceFloats(const Code& code, uint64_t d);
 
 struct NormArgs {

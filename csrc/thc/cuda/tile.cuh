@@ -53,7 +53,8 @@ struct TileParams {
   uint32_t num_tiles = 0;
   bool first = false;  // first kernel of a chain: handles M = 0 and records a bad M
   int ef_mode = kEfNone;
-  uint64_t d = 0, padded = 0, payload_bytes = 0;
+  uint64_t d = 0, padded = 0, payload_bytes = 0;  // of this launch's range (a chunk)
+  uint64_t j_base = 0;  // coordinate of the range's first element (signs, uniforms)
   // data
   const void* src = nullptr;       // grad (Src::kGrad), workspace, or sums
   const float* res_in = nullptr;   // residual added to grad (Src::kGrad), may be null
@@ -209,7 +210,7 @@ __global__ void __launch_bounds__(kThreads, 4) TileKernel(const __grid_constant_
         x = ToFloat(grad[j]);
         if (p.res_in) x = __fadd_rn(x, p.res_in[j]);
       }
-      s[Pad(l)] = FlipSign(x, SignMask(p.sign_key, j));
+      s[Pad(l)] = FlipSign(x, SignMask(p.sign_key, p.j_base + j));
     }
   } else if constexpr (S == Src::kScratch) {
     const float* src = static_cast<const float*>(p.src);
@@ -243,13 +244,13 @@ __global__ void __launch_bounds__(kThreads, 4) TileKernel(const __grid_constant_
   } else if constexpr (D == Dst::kResidual) {
     for (uint32_t l = tid; l < kTile; l += kThreads) {
       const uint64_t j = map(l);
-      if (j < p.d) p.res_out[j] = FlipSign(__fmul_rn(s[Pad(l)], p.inv_block), SignMask(p.sign_key, j));
+      if (j < p.d) p.res_out[j] = FlipSign(__fmul_rn(s[Pad(l)], p.inv_block), SignMask(p.sign_key, p.j_base + j));
     }
   } else if constexpr (D == Dst::kOut) {
     for (uint32_t l = tid; l < kTile; l += kThreads) {
       const uint64_t j = map(l);
       if (j < p.d) {
-        const float v = FlipSign(s[Pad(l)], SignMask(p.sign_key, j));
+        const float v = FlipSign(s[Pad(l)], SignMask(p.sign_key, p.j_base + j));
         if (p.out) p.out[j] = v;
         if (p.out_cast) StoreCast(p.out_cast, j, v, p.out_dtype);
       }
@@ -282,7 +283,7 @@ __global__ void __launch_bounds__(kThreads, 4) TileKernel(const __grid_constant_
         }
         if (i > levels - 2) i = levels - 2;
         const float pr = __fmul_rn(__fsub_rn(t, __uint2float_rn(tbl[i])), ig[i]);
-        const uint32_t q = static_cast<uint32_t>(i) + (Uniform(p.round_key, j0 + k) < pr ? 1u : 0u);
+        const uint32_t q = static_cast<uint32_t>(i) + (Uniform(p.round_key, p.j_base + j0 + k) < pr ? 1u : 0u);
         if (k < nvalid) word |= static_cast<uint64_t>(q) << (k * bits);
         e[k] = __fsub_rn(y, __fadd_rn(__fmul_rn(__uint2float_rn(tbl[q]), k1), k0));
       }
@@ -313,7 +314,7 @@ __global__ void __launch_bounds__(kThreads, 4) TileKernel(const __grid_constant_
       for (uint32_t l = tid; l < kTile; l += kThreads) {
         const uint64_t j = map(l);
         if (j < p.d)
-          p.res_out[j] = FlipSign(__fmul_rn(s[Pad(l)], p.inv_block), SignMask(p.sign_key, j));
+          p.res_out[j] = FlipSign(__fmul_rn(s[Pad(l)], p.inv_block), SignMask(p.sign_key, p.j_base + j));
       }
     }
   }
