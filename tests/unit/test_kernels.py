@@ -1,0 +1,413 @@
+"""The C++ codec core (byteps_thc._C) against the NumPy reference, bit for bit, on every ISA.
+
+What is pinned (docs/ALGORITHM.md): the random streams and keys; the transform (bit-exact
+against the stage-by-stage reference, and close to a naive matrix product); payloads and
+error-feedback residuals over several steps (so the residual is exercised) for b = 2, 4, 8,
+sizes 1, 3, 1000, 2^10, 2^20 + 5, blockwise and whole-partition rotation; sums exact in 8, 16
+and 32-bit lanes; decode bit-exact; the large-granularity (binary search) path; errors.
+Each ISA the CPU has (portable, avx2, avx512) is forced in turn.
+"""
+import math
+import re
+import types
+
+import numpy as np
+import pytest
+
+from byteps_thc import reference as R
+from byteps_thc.config import ThcConfig
+
+_C = pytest.importorskip("byteps_thc._C")
+
+ALL_ISAS = ("portable", "avx2", "avx512")
+
+
+def _available():
+    orig = _C.active_isa()
+    have = [i for i in ALL_ISAS if _C.force_isa(i)]
+    _C.force_isa(orig)
+    return have
+
+
+ISAS = _available()
+
+
+@pytest.fixture(autouse=True)
+def _restore_isa():
+    orig = _C.active_isa()
+    yield
+    _C.force_isa(orig)
+
+
+def core(cfg):
+    c = _C.Config()
+    c.bits, c.granularity, c.clip, c.seed = cfg.bits, cfg.granularity, float(cfg.clip), cfg.seed
+    c.rotation_block = cfg.rotation_block or 0
+    c.table = [int(v) for v in cfg.table]
+    return c
+
+
+def bits_of(a):
+    return np.asarray(a, dtype=np.float32).view(np.uint32)
+
+
+def test_best_isa_is_active_and_portable_always_there():
+    assert "portable" in ISAS
+    assert _C.active_isa() in ISAS
+    with pytest.raises(ValueError, match="unknown ISA 'sse9'"):
+        _C.force_isa("sse9")
+
+
+# -- random streams ------------------------------------------------------------------------------
+@pytest.mark.parametrize("x", [0, 1, 42, 0x5448435F524E4421, (1 << 64) - 1])
+def test_splitmix64_and_keys(x):
+    assert _C.splitmix64(x) == R.splitmix64(x)
+    assert _C.sign_key(x) == R.sign_key(x)
+    for rank, step in [(0, 0), (3, 7), ((1 << 24) - 1, (1 << 40) - 1)]:
+        assert _C.round_key(x, rank, step) == R.round_key(x, rank, step)
+
+
+def test_hash32():
+    xs = np.array([0, 1, 2, 0xDEADBEEF, 0xFFFFFFFF, 12345678], dtype=np.uint32)
+    assert [_C.hash32(int(v)) for v in xs] == [int(v) for v in R.hash32(xs)]
+
+
+# -- transform -----------------------------------------------------------------------------------
+def naive_hadamard(x, block):
+    out = np.empty(x.size, dtype=np.float64)
+    h = np.array([[(-1) ** bin(i & j).count("1") for j in range(block)] for i in range(block)])
+    for s in range(0, x.size, block):
+        out[s:s + block] = h @ x[s:s + block].astype(np.float64)
+    return out
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("block", [1, 2, 4, 8, 16, 32, 64, 128, 256])
+def test_fwht_against_naive_matrix(isa, block):
+    assert _C.force_isa(isa)
+    x = np.random.default_rng(block).standard_normal(4 * block).astype(np.float32)
+    got = _C.fwht(x, block)
+    np.testing.assert_allclose(got, naive_hadamard(x, block), rtol=1e-5, atol=1e-4 * math.sqrt(block))
+    assert np.array_equal(bits_of(got), bits_of(R.fwht(x, block)))
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("n,block", [(1 << 10, 1 << 10), (1 << 12, 1 << 11), (1 << 14, 1 << 14),
+                                     (1 << 16, 1 << 13), (1 << 17, 1 << 17), (1 << 20, 1 << 20),
+                                     (1 << 20, 1 << 10), (3 << 12, 1 << 12)])
+def test_fwht_bit_exact_with_reference(isa, n, block):
+    assert _C.force_isa(isa)
+    x = np.random.default_rng(n + block).standard_normal(n).astype(np.float32)
+    x[::17] = -0.0
+    assert np.array_equal(bits_of(_C.fwht(x, block)), bits_of(R.fwht(x, block)))
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_fwht_twice_is_block_times_identity(isa):
+    assert _C.force_isa(isa)
+    x = np.random.default_rng(1).integers(-8, 8, 1 << 12).astype(np.float32)
+    assert np.array_equal(_C.fwht(_C.fwht(x, 256), 256), x * 256)  # small integers: exact
+
+
+def test_fwht_bad_block():
+    x = np.zeros(12, dtype=np.float32)
+    with pytest.raises(ValueError, match="block must be a power of two, got 3"):
+        _C.fwht(x, 3)
+    with pytest.raises(ValueError, match="length 12 is not a multiple of block 8"):
+        _C.fwht(x, 8)
+    with pytest.raises(ValueError, match="x must have dtype float32, got float64"):
+        _C.fwht(np.zeros(8), 8)
+
+
+# -- encode --------------------------------------------------------------------------------------
+BITS_G = {2: 6, 4: 30, 8: 255}
+SIZES = [1, 3, 1000, 1 << 10, (1 << 20) + 5]
+
+
+def _inputs(d, steps, seed):
+    rng = np.random.default_rng(seed)
+    xs = []
+    for s in range(steps):
+        x = (rng.standard_normal(d) * (1 + s)).astype(np.float32)
+        x[::11] = -0.0
+        if d > 3:
+            x[1] = 40.0  # something the clip cuts
+        xs.append(x)
+    return xs
+
+
+@pytest.mark.parametrize("d", SIZES)
+@pytest.mark.parametrize("bits", sorted(BITS_G))
+@pytest.mark.parametrize("block", [None, 1024])
+@pytest.mark.parametrize("ef", [False, True])
+def test_encode_bit_exact_every_isa(d, bits, block, ef):
+    cfg = ThcConfig(bits=bits, granularity=BITS_G[bits], rotation_block=block, error_feedback=ef)
+    steps = 2 if d > 100000 else 3
+    rank = 5
+    xs = _inputs(d, steps, seed=d * 7 + bits)
+    # The reference's sequence, once.
+    expect = []
+    res = np.zeros(d, dtype=np.float32) if ef else None
+    norms = []
+    for step, x in enumerate(xs):
+        m = R.norm(x, res)
+        norms.append(m)
+        payload, res, _ = R.encode(cfg, x, m * 0.8, rank, step, res)  # 0.8: some clipping
+        expect.append((payload, None if res is None else res.copy()))
+    for isa in ISAS:
+        assert _C.force_isa(isa)
+        enc = _C.Encoder(core(cfg), d, rank, ef)
+        for step, x in enumerate(xs):
+            assert enc.step == step
+            assert enc.norm(x) == pytest.approx(norms[step], rel=1e-6)
+            payload = enc.encode(x, norms[step] * 0.8)
+            want, want_res = expect[step]
+            assert payload.dtype == np.uint8 and payload.size == want.size
+            assert np.array_equal(payload, want), f"{isa}: payload differs at step {step}"
+            if ef:
+                assert np.array_equal(bits_of(enc.residual), bits_of(want_res)), \
+                    f"{isa}: residual differs at step {step}"
+            else:
+                assert enc.residual is None
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("bits,g", [(1, 1), (3, 7), (5, 100), (8, 510), (2, 1000)])
+def test_encode_other_tables(isa, bits, g):
+    assert _C.force_isa(isa)
+    cfg = ThcConfig(bits=bits, granularity=g, rotation_block=256)
+    d = 5000
+    x = np.random.default_rng(g).standard_normal(d).astype(np.float32)
+    res = np.zeros(d, dtype=np.float32)
+    enc = _C.Encoder(core(cfg), d, 1, True)
+    for step in range(2):
+        m = R.norm(x, res)
+        want, res, _ = R.encode(cfg, x, m, 1, step, res)
+        assert np.array_equal(enc.encode(x, m), want)
+        assert np.array_equal(bits_of(enc.residual), bits_of(res))
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_encode_large_granularity_binary_search(isa):
+    """g >= 2^16 has no level table: the kernels binary-search the table instead."""
+    assert _C.force_isa(isa)
+    g = 100000
+    table = [0, 21000, 39000, 50000, 61000, 79000, 86000, g]
+    cfg = types.SimpleNamespace(bits=3, granularity=g, clip=2.5, seed=9, rotation_block=512,
+                                table=table, lane_bits=lambda n: 32)
+    c = _C.Config()
+    c.bits, c.granularity, c.clip, c.seed, c.rotation_block, c.table = 3, g, 2.5, 9, 512, table
+    assert _C.validate(c) == ""
+    d = 3000
+    x = np.random.default_rng(3).standard_normal(d).astype(np.float32)
+    enc = _C.Encoder(c, d, 2, True)
+    res = np.zeros(d, dtype=np.float32)
+    for step in range(2):
+        m = R.norm(x, res)
+        want, res, _ = R.encode(cfg, x, m, 2, step, res)
+        assert np.array_equal(enc.encode(x, m), want)
+        assert np.array_equal(bits_of(enc.residual), bits_of(res))
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_encode_zero_norm(isa):
+    assert _C.force_isa(isa)
+    cfg = ThcConfig(rotation_block=64)
+    x = np.random.default_rng(0).standard_normal(100).astype(np.float32)
+    enc = _C.Encoder(core(cfg), 100, 0, True)
+    p = enc.encode(x, 0.0)
+    assert p.size == 64 and not p.any()
+    assert np.array_equal(enc.residual, x) and enc.step == 1
+    want, want_res, _ = R.encode(cfg, x, 0.0, 0, 0, np.zeros(100, np.float32))
+    assert np.array_equal(p, want) and np.array_equal(want_res, enc.residual)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_encode_non_finite_changes_nothing(isa, bad):
+    assert _C.force_isa(isa)
+    cfg = ThcConfig(rotation_block=1024)
+    d = 5000
+    enc = _C.Encoder(core(cfg), d, 0, True)
+    x = np.random.default_rng(0).standard_normal(d).astype(np.float32)
+    enc.encode(x, 100.0)
+    res, step = enc.residual, enc.step
+    for pos in (0, 2047, d - 1):
+        y = x.copy()
+        y[pos] = bad
+        with pytest.raises(ValueError, match="NaN or Inf; nothing was changed"):
+            enc.encode(y, 100.0)
+        with pytest.raises(ValueError, match="NaN or Inf"):
+            enc.norm(y)
+        assert enc.step == step and np.array_equal(bits_of(enc.residual), bits_of(res))
+    with pytest.raises(ValueError, match="max_norm must be finite"):
+        enc.encode(x, bad)
+    with pytest.raises(ValueError, match="max_norm must be >= 0, got -1"):
+        enc.encode(x, -1.0)
+    assert enc.step == step
+
+
+def test_encoder_argument_checks():
+    c = core(ThcConfig())
+    with pytest.raises(ValueError, match="size must be >= 1, got 0"):
+        _C.Encoder(c, 0, 0, True)
+    with pytest.raises(ValueError, match="rank must be < 2\\^24"):
+        _C.Encoder(c, 10, 1 << 24, True)
+    enc = _C.Encoder(c, 10, 0, True)
+    with pytest.raises(ValueError, match="x has 9 elements, expected 10"):
+        enc.encode(np.zeros(9, np.float32), 1.0)
+    with pytest.raises(ValueError, match="x must have dtype float32, got int32"):
+        enc.encode(np.zeros(10, np.int32), 1.0)
+    with pytest.raises(ValueError, match="x must be 1-D"):
+        enc.encode(np.zeros((2, 5), np.float32), 1.0)
+    with pytest.raises(ValueError, match="x must be contiguous"):
+        enc.encode(np.zeros(20, np.float32)[::2], 1.0)
+    with pytest.raises(ValueError, match="out has 3 elements, expected 8"):
+        enc.encode(np.zeros(10, np.float32), 1.0, np.zeros(3, np.uint8))
+    enc.step = 77
+    assert enc.step == 77
+
+
+# -- configuration -------------------------------------------------------------------------------
+@pytest.mark.parametrize("field,value,message", [
+    ("bits", 0, "bits must be in 1..8, got 0"),
+    ("bits", 9, "bits must be in 1..8, got 9"),
+    ("granularity", 10, "granularity must be in 15..16777215 for bits=4, got 10"),
+    ("granularity", 1 << 24, "granularity must be in 15..16777215 for bits=4, got 16777216"),
+    ("clip", float("nan"), "clip must be finite and > 0, got nan"),
+    ("clip", 0.0, "clip must be finite and > 0, got 0"),
+    ("rotation_block", 1000, "rotation_block must be 0 or a power of two, got 1000"),
+    ("table", list(range(15)), "table must have 2\\^bits = 16 entries, got 15"),
+    ("table", [1] + list(range(1, 16)), "table\\[0\\] must be 0, got 1"),
+    ("table", [0, 2, 2] + list(range(3, 16)), "strictly increasing, but table\\[2\\] = 2"),
+    ("table", list(range(16)), "table\\[15\\] must equal granularity 30, got 15"),
+])
+def test_validate_names_field_and_value(field, value, message):
+    c = core(ThcConfig())
+    assert _C.validate(c) == ""
+    setattr(c, field, value)
+    assert re.search(message, _C.validate(c)), _C.validate(c)
+    with pytest.raises(ValueError, match="invalid THC configuration: .*" + message):
+        _C.Encoder(c, 10, 0, False)
+
+
+@pytest.mark.parametrize("d,block", [(1, None), (3, None), (1000, None), (5, 4), (1000, 1024),
+                                     ((1 << 20) + 5, None), ((1 << 20) + 5, 1024), (3 * 4096 + 1, 4096)])
+def test_geometry(d, block):
+    cfg = ThcConfig(rotation_block=block)
+    g = R.geometry(cfg, d)
+    assert _C.geometry(core(cfg), d) == {"d": g.d, "block": g.block, "padded": g.padded,
+                                          "payload_bytes": g.payload_bytes}
+
+
+@pytest.mark.parametrize("n", [1, 8, 9, 2184, 2185, 143165576, 143165577])
+def test_lane_bits(n):
+    cfg = ThcConfig()
+    if n * cfg.granularity > 0xFFFFFFFF:
+        assert _C.lane_bits(core(cfg), n) == 0
+    else:
+        assert _C.lane_bits(core(cfg), n) == cfg.lane_bits(n)
+
+
+# -- aggregate -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("bits,g,n,lane", [(4, 30, 3, 8), (4, 30, 8, 8), (4, 30, 9, 16),
+                                           (4, 300, 5, 16), (2, 6, 40, 8), (8, 255, 4, 16),
+                                           (3, 7, 20, 8), (4, 30, 3000, 32), (8, 255, 300, 32),
+                                           (1, 1, 2, 8), (5, 100, 3, 16)])
+@pytest.mark.parametrize("d", [1, 1000, 4099])
+def test_aggregate_exact(isa, bits, g, n, lane, d):
+    assert _C.force_isa(isa)
+    cfg = ThcConfig(bits=bits, granularity=g, rotation_block=1024)
+    geo = R.geometry(cfg, d)
+    rng = np.random.default_rng(d + n)
+    adds = min(n, 6)
+    payloads = [rng.integers(0, 256, geo.payload_bytes, dtype=np.uint8) for _ in range(adds)]
+    agg = _C.Aggregator(core(cfg), d, n)
+    assert agg.lane_bits == lane
+    for i, p in enumerate(payloads):
+        agg.add(p)
+        assert agg.count == i + 1
+    got = agg.result()
+    want = R.aggregate(cfg, payloads, d, n)
+    assert got.dtype == want.dtype and got.dtype.itemsize * 8 == lane
+    assert np.array_equal(got, want)
+    if adds < n:  # the lane is sized for n; fill it to the brim with the top level
+        top = np.full(geo.payload_bytes, 0xFF, dtype=np.uint8)
+        agg.reset()
+        for _ in range(n):
+            agg.add(top)
+        assert int(agg.result()[: d].min()) == n * g
+
+
+def test_aggregate_errors():
+    cfg = ThcConfig()
+    agg = _C.Aggregator(core(cfg), 1000, 2)
+    with pytest.raises(ValueError, match="payload has 499 bytes, expected 512 \\(d=1000, padded=1024, bits=4\\)"):
+        agg.add(np.zeros(499, np.uint8))
+    agg.add(np.zeros(512, np.uint8))
+    agg.add(np.zeros(512, np.uint8))
+    with pytest.raises(ValueError, match="already added 2 payloads, num_workers=2"):
+        agg.add(np.zeros(512, np.uint8))
+    assert agg.count == 2
+    agg.reset()
+    assert agg.count == 0 and not agg.result().any()
+    with pytest.raises(ValueError, match="payload must have dtype uint8, got int8"):
+        agg.add(np.zeros(512, np.int8))
+    with pytest.raises(ValueError, match="overflows a 32-bit sum lane"):
+        _C.Aggregator(core(cfg), 10, 143165577)
+    with pytest.raises(ValueError, match="num_workers must be >= 1"):
+        _C.Aggregator(core(cfg), 10, 0)
+
+
+# -- decode --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("d,block", [(1, None), (3, None), (1000, None), (1000, 256),
+                                     ((1 << 20) + 5, 1024), ((1 << 17) + 5, None)])
+@pytest.mark.parametrize("n,g", [(4, 30), (9, 30), (3000, 30)])
+def test_decode_bit_exact(isa, d, block, n, g):
+    assert _C.force_isa(isa)
+    cfg = ThcConfig(granularity=g, rotation_block=block)
+    geo = R.geometry(cfg, d)
+    rng = np.random.default_rng(d + n)
+    sums = rng.integers(0, n * g + 1, geo.padded).astype(R.lane_dtype(cfg, n))
+    for m in (3.5, 1e-3):
+        got = _C.decode(core(cfg), d, sums, n, m)
+        want = R.decode(cfg, sums, d, n, m)
+        assert got.shape == (d,) and got.dtype == np.float32
+        assert np.array_equal(bits_of(got), bits_of(want))
+    assert not _C.decode(core(cfg), d, sums, n, 0.0).any()
+
+
+def test_decode_errors():
+    cfg = ThcConfig()
+    c = core(cfg)
+    s8 = np.zeros(1024, np.uint8)
+    with pytest.raises(ValueError, match="sums have 8-bit lanes, but num_workers=9 and granularity=30 need 16-bit"):
+        _C.decode(c, 1000, s8, 9, 1.0)
+    with pytest.raises(ValueError, match="sums have 1000 elements, expected the padded size 1024"):
+        _C.decode(c, 1000, np.zeros(1000, np.uint8), 2, 1.0)
+    with pytest.raises(ValueError, match="sums must have dtype uint8, uint16 or uint32, got int64"):
+        _C.decode(c, 1000, np.zeros(1024, np.int64), 2, 1.0)
+    with pytest.raises(ValueError, match="max_norm must be finite, got nan"):
+        _C.decode(c, 1000, s8, 2, float("nan"))
+    with pytest.raises(ValueError, match="num_workers must be >= 1"):
+        _C.decode(c, 1000, s8, 0, 1.0)
+
+
+# -- a whole round through the core, homomorphism ------------------------------------------------
+@pytest.mark.parametrize("isa", ISAS)
+def test_round_matches_reference_simulation(isa):
+    assert _C.force_isa(isa)
+    cfg = ThcConfig(rotation_block=1024)
+    d, n = 10000, 4
+    rng = np.random.default_rng(11)
+    grads = [rng.standard_normal(d).astype(np.float32) for _ in range(n)]
+    want, _ = R.simulate_round(cfg, grads, residuals=[np.zeros(d, np.float32)] * n)
+    encs = [_C.Encoder(core(cfg), d, r, True) for r in range(n)]
+    m = max(e.norm(g) for e, g in zip(encs, grads))
+    agg = _C.Aggregator(core(cfg), d, n)
+    for e, g in zip(encs, grads):
+        agg.add(e.encode(g, m))
+    got = _C.decode(core(cfg), d, agg.result(), n, m)
+    assert np.array_equal(bits_of(got), bits_of(want))
