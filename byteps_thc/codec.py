@@ -96,6 +96,11 @@ def _is_torch_tensor(x: Any) -> bool:
 
 
 def _cuda_unavailable(what: str):
+    """The one place a CUDA tensor reaches this CPU codec (the hook for a device dispatch)."""
+    if getattr(_C, "with_cuda", False):
+        raise ValueError(f"{what} is a CUDA tensor; ThcCodec/ThcAggregator run on the CPU: use "
+                         "byteps_thc.cuda.CudaCodec / CudaAggregator for device tensors, or pass "
+                         "a CPU tensor")
     raise ValueError(
         f"{what} is a CUDA tensor, but byteps_thc._C was built without CUDA (nvcc was not found "
         "at build time); pass a CPU tensor, or rebuild with THC_CUDA=1 on a machine with nvcc")
