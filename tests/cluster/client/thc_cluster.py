@@ -80,9 +80,10 @@ def pslite_dir() -> Optional[Path]:
     cands = []
     if os.environ.get("BYTEPS_THC_PSLITE"):
         cands.append(Path(os.environ["BYTEPS_THC_PSLITE"]))
-    for base in (ROOT / "build", ROOT / ".cache"):
-        if base.is_dir():
-            cands += sorted(base.glob("**/3rdparty/ps-lite"))
+    # scripts/build_byteps.sh keeps its newest build tree in .cache/byteps/build/<key>/
+    trees = sorted((ROOT / ".cache" / "byteps" / "build").glob("*/3rdparty/ps-lite"),
+                   key=lambda p: p.stat().st_mtime, reverse=True)
+    cands += trees
     for c in cands:
         if (c / "build" / "libps.a").is_file() and (c / "deps" / "lib" / "libzmq.a").is_file():
             return c

@@ -67,7 +67,8 @@ void StartNormRound(std::shared_ptr<TensorTableEntry> task) {
   auto* thc = AsThc(task);
   BPS_CHECK(thc) << "THC_NORM stage on a tensor without the THC compressor: "
                  << task->tensor_name;
-  std::string err = thc->Bind(task->key, task->len, static_cast<uint32_t>(BytePSGlobal::GetRank()));
+  std::string err = thc->Bind(task->key, task->len,
+                              static_cast<uint32_t>(BytePSGlobal::GetRank()), task->tensor_name);
   BPS_CHECK(err.empty()) << "THC: tensor '" << task->tensor_name << "': " << err;
 
   char* data = static_cast<char*>(task->cpubuff) + task->offset;

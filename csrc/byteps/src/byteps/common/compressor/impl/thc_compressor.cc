@@ -78,7 +78,8 @@ ThcCompressor::ThcCompressor(size_t size, DataType dtype, thcwire::ThcSettings s
 
 ThcCompressor::~ThcCompressor() = default;
 
-std::string ThcCompressor::Bind(uint64_t key, size_t bytes, uint32_t rank) {
+std::string ThcCompressor::Bind(uint64_t key, size_t bytes, uint32_t rank,
+                                const std::string& name) {
   size_t elem = ElementBytes(_dtype);
   if (bytes == 0 || bytes % elem) return "partition of " + std::to_string(bytes) + " bytes";
   size_t d = bytes / elem;
@@ -90,6 +91,7 @@ std::string ThcCompressor::Bind(uint64_t key, size_t bytes, uint32_t rank) {
     return "";
   }
   key_ = key;
+  name_ = name;
   d_ = d;
   cfg_ = thcwire::PartitionConfig(settings_.config, key);
   encoder_.reset(new thc::Encoder(cfg_, d, rank, settings_.error_feedback));
@@ -162,7 +164,8 @@ tensor_t ThcCompressor::Decompress(tensor_t compressed) {
   BPS_CHECK_EQ(sizeof(h) + h.payload_bytes, compressed.size)
       << "THC key " << key_ << ": truncated reply";
   if (h.status != 0) {
-    BPS_LOG(FATAL) << "THC key " << key_ << ": the server failed round " << h.round << ": "
+    BPS_LOG(FATAL) << "THC: tensor '" << name_ << "' (key " << key_
+                   << "): the server failed round " << h.round << ": "
                    << std::string(recv_.data() + sizeof(h), h.payload_bytes);
   }
   const thc::Geometry& geo = encoder_->geometry();

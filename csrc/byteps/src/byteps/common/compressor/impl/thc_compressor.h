@@ -31,9 +31,10 @@ class ThcCompressor : public Compressor {
   tensor_t Decompress(tensor_t compressed) override;
 
   // ---- THC_NORM stage ----
-  // Binds the partition on first use: its BytePS key (mixed into the seed) and its length in
-  // bytes. Returns "" or an error message. Later calls must agree.
-  std::string Bind(uint64_t key, size_t bytes, uint32_t rank);
+  // Binds the partition on first use: its BytePS key (mixed into the seed), its length in bytes,
+  // this worker's rank (the rounding stream) and the partition's name (for messages).
+  // Returns "" or an error message. Later calls must agree.
+  std::string Bind(uint64_t key, size_t bytes, uint32_t rank, const std::string& name);
   bool bound() const { return encoder_ != nullptr; }
   // ||grad + residual||_2 of the partition; false if it is not finite.
   bool LocalNorm(tensor_t grad, double* norm);
@@ -62,6 +63,7 @@ class ThcCompressor : public Compressor {
   thc::Config cfg_;  // the partition's (seed mixed with the key)
   std::unique_ptr<thc::Encoder> encoder_;
   uint64_t key_ = 0;
+  std::string name_;
   size_t d_ = 0;
   uint64_t fingerprint_ = 0;
   double max_norm_ = 0.0;
