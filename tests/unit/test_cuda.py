@@ -301,3 +301,149 @@ def test_round_homomorphic():
     got = encs[0].decode(sums, m, n).cpu().numpy()
     scale = np.abs(want).max()
     assert np.max(np.abs(got - want)) <= 1e-5 * scale
+
+
+# -- without a GPU: the kernels' own code under a CPU emulation --------------------------------------
+# csrc/thc/cuda/emulate.h runs tile.cuh's kernels with one std::thread per CUDA thread and a barrier
+# for __syncthreads; launch.cu (planning, passes, chunks) and the bindings are compiled unchanged.
+# "Device pointers" are then host pointers. Bit-exact against the reference: payload, residual,
+# decode (fp32 and the bf16/fp16 cast).
+def _emulation_module():
+    import concurrent.futures
+    import hashlib
+    import importlib.util
+    import shutil
+    import subprocess
+    import sysconfig
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[2]
+    cuda_dir = root / "csrc" / "thc" / "cuda"
+    cuda_inc = None
+    for home in (Path("/usr/local/cuda"),):
+        if (home / "include" / "cuda_runtime.h").exists():
+            cuda_inc, cuda_lib = home / "include", home / "lib64"
+    cxx = shutil.which("g++") or shutil.which("c++")
+    try:
+        import pybind11
+    except ImportError:
+        pybind11 = None
+    if cuda_inc is None or cxx is None or pybind11 is None:
+        pytest.skip("needs g++, pybind11 and the CUDA headers")
+    srcs = [cuda_dir / f for f in ("encode.cu", "decode.cu", "hadamard.cu", "launch.cu", "emulate.cc")]
+    srcs.append(root / "csrc" / "python" / "binding_cuda.cc")
+    h = hashlib.sha256()
+    for p in sorted(cuda_dir.glob("*")) + srcs:
+        if p.is_file():
+            h.update(p.read_bytes())
+    out = root / "build" / "thc_cuda_emu" / h.hexdigest()[:16]
+    suffix = sysconfig.get_config_var("EXT_SUFFIX")
+    lib = out / f"_thc_cuda_emu{suffix}"
+    if not lib.exists():
+        out.mkdir(parents=True, exist_ok=True)
+        flags = ["-std=c++17", "-O1", "-fPIC", "-pthread", "-DTHC_CUDA_EMULATE", "-ffp-contract=off",
+                 "-Wno-attributes", f"-I{root / 'csrc'}", f"-I{cuda_inc}", f"-I{pybind11.get_include()}",
+                 f"-I{sysconfig.get_paths()['include']}"]
+
+        def compile_one(src):
+            obj = out / (src.stem + ".o")
+            subprocess.run([cxx, *flags, "-x", "c++", "-c", str(src), "-o", str(obj)], check=True,
+                           capture_output=True, text=True)
+            return str(obj)
+        try:
+            with concurrent.futures.ThreadPoolExecutor(4) as pool:
+                objs = list(pool.map(compile_one, srcs))
+            subprocess.run([cxx, "-shared", "-pthread", *objs, "-o", str(lib) + ".tmp",
+                            f"-L{cuda_lib}", "-lcudart", f"-Wl,-rpath,{cuda_lib}"], check=True,
+                           capture_output=True, text=True)
+        except subprocess.CalledProcessError as e:
+            pytest.fail(f"emulation build failed: {e.stderr[-3000:]}")
+        Path(str(lib) + ".tmp").rename(lib)
+    spec = importlib.util.spec_from_file_location("_thc_cuda_emu", lib)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.cuda
+
+
+@pytest.fixture(scope="module")
+def emu():
+    return _emulation_module()
+
+
+def _aligned_workspace(k, code, d):
+    ws = np.zeros(max(1, k.workspace_floats(code, d)) + 4, np.float32)
+    ptr = ws.ctypes.data
+    return ws, ptr + (-ptr) % 16
+
+
+EMU_CASES = [
+    dict(d=1), dict(d=3, block=2), dict(d=5, block=4, bits=3), dict(d=1000), dict(d=1000, bits=8),
+    dict(d=1000, bits=2, ef=False), dict(d=1000, bits=1), dict(d=5000, block=1024, bits=5),
+    dict(d=9000), dict(d=9000, dtype="bfloat16"), dict(d=3000, dtype="float16"), dict(d=20000),
+    dict(d=1000, m=0.0), dict(d=20000, m=0.0, kw=dict(fused_max_log=12)),
+    dict(d=70001, kw=dict(fused_max_log=12, column_max_bits=2)),
+    dict(d=(1 << 16) + 77, block=1 << 15, kw=dict(chunk_log=16)),
+    dict(d=(1 << 17) + 5, block=1 << 15, bits=8, kw=dict(chunk_log=16, column_max_bits=1)),
+]
+
+
+@pytest.mark.parametrize("case", EMU_CASES, ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()))
+def test_emulated_kernels_bit_exact(emu, case):
+    k = emu
+    d, bits, block = case["d"], case.get("bits", 4), case.get("block")
+    ef, kw, dtype = case.get("ef", True), case.get("kw", {}), case.get("dtype", "float32")
+    cfg = ThcConfig(bits=bits, granularity=max(30, (1 << bits) - 1), rotation_block=block)
+    code = k.Code(cfg.bits, cfg.granularity, float(cfg.clip), cfg.seed, cfg.rotation_block or 0,
+                  [int(v) for v in cfg.table], **kw)
+    x, xt, res = _inputs(d, d, dtype)
+    res = res if ef else None
+    m = case.get("m", R.norm(x, res))
+    geo = R.geometry(cfg, d)
+    payload = np.full(geo.payload_bytes, 0xAB, np.uint8)
+    ws, wsp = _aligned_workspace(k, code, d)
+    r = res.copy() if ef else None
+    xin = xt.numpy() if dtype == "float32" else xt.view(torch.int16).numpy()
+    dt = {"float32": k.FLOAT32, "float16": k.FLOAT16, "bfloat16": k.BFLOAT16}[dtype]
+    k.encode(code, xin.ctypes.data, dt, r.ctypes.data if ef else 0, d, 3, 2, m, 0,
+             payload.ctypes.data, wsp, 0, 0)
+    want_p, want_r, _ = R.encode(cfg, x, m, 3, 2, res)
+    assert np.array_equal(payload, want_p)
+    if ef:
+        assert np.array_equal(r.view(np.uint32), want_r.view(np.uint32))
+    n = 3
+    sums = R.aggregate(cfg, [want_p] * n, d, n)
+    out = np.zeros(d, np.float32)
+    cast = np.zeros(d, np.uint16)
+    k.decode(code, sums.ctypes.data, cfg.lane_bits(n), n, d, m, 0, out.ctypes.data,
+             cast.ctypes.data, k.BFLOAT16, wsp, 0, 0)
+    want = R.decode(cfg, sums, d, n, m)
+    assert np.array_equal(out.view(np.uint32), want.view(np.uint32))
+    want_cast = torch.from_numpy(want).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+    assert np.array_equal(cast, want_cast)
+
+
+@pytest.mark.parametrize("d,kw", [(1000, {}), (40000, {})])
+def test_emulated_bad_norm_and_status(emu, d, kw):
+    """A non-finite M, or a status word already set, leaves payload and residual untouched."""
+    k = emu
+    cfg = ThcConfig()
+    code = k.Code(cfg.bits, cfg.granularity, float(cfg.clip), cfg.seed, 0, list(cfg.table), **kw)
+    x = np.random.default_rng(0).standard_normal(d).astype(np.float32)
+    r = np.ones(d, np.float32)
+    payload = np.full(R.geometry(cfg, d).payload_bytes, 7, np.uint8)
+    ws, wsp = _aligned_workspace(k, code, d)
+    status = np.zeros(1, np.int32)
+    k.encode(code, x.ctypes.data, k.FLOAT32, r.ctypes.data, d, 0, 0, float("nan"), 0,
+             payload.ctypes.data, wsp, status.ctypes.data, 0)
+    assert status[0] == k.STATUS_NON_FINITE_NORM
+    assert (payload == 7).all() and (r == 1).all()
+    status[0] = k.STATUS_NON_FINITE_INPUT
+    k.encode(code, x.ctypes.data, k.FLOAT32, r.ctypes.data, d, 0, 0, 1.0, 0,
+             payload.ctypes.data, wsp, status.ctypes.data, 0)
+    assert (payload == 7).all() and (r == 1).all()
+    m_dev = np.array([R.norm(x, r)], np.float64)  # M read through a "device" pointer
+    status[0] = 0
+    k.encode(code, x.ctypes.data, k.FLOAT32, r.ctypes.data, d, 0, 0, 0.0, m_dev.ctypes.data,
+             payload.ctypes.data, wsp, status.ctypes.data, 0)
+    want_p, want_r, _ = R.encode(cfg, x, float(m_dev[0]), 0, 0, np.ones(d, np.float32))
+    assert status[0] == 0 and np.array_equal(payload, want_p)
+    assert np.array_equal(r.view(np.uint32), want_r.view(np.uint32))

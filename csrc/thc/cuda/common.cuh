@@ -10,6 +10,12 @@
 
 #include "thc_cuda.h"
 
+#ifdef THC_CUDA_EMULATE
+#include "emulate.h"  // CPU emulation for tests without a GPU (never in the real build)
+#else
+#define THC_DYNAMIC_SMEM(name) extern __shared__ float4 name[]
+#endif
+
 namespace thc {
 namespace cuda {
 namespace detail {

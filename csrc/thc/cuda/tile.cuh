@@ -148,7 +148,7 @@ __device__ __forceinline__ TileMap MakeMap(const TileParams& p, uint32_t tile) {
 template <int LT, Src S, Dst D, typename T>
 __global__ void __launch_bounds__(kThreads, 4) TileKernel(const __grid_constant__ TileParams p) {
   constexpr int kTile = 1 << LT;
-  extern __shared__ float4 smem_raw[];
+  THC_DYNAMIC_SMEM(smem_raw);
   float* s = reinterpret_cast<float*>(smem_raw);
   uint32_t* tbl = reinterpret_cast<uint32_t*>(s + TileTraits<LT>::kSmemFloats);
   float* ig = reinterpret_cast<float*>(tbl + 256);
@@ -324,6 +324,15 @@ __global__ void __launch_bounds__(kThreads, 4) TileKernel(const __grid_constant_
 template <int LT, Src S, Dst D, typename T>
 cudaError_t LaunchTile(const TileParams& p, cudaStream_t stream);
 
+#ifdef THC_CUDA_EMULATE
+#define THC_DEFINE_LAUNCH_TILE(LT, S, D, T)                                                     \
+  template <>                                                                                 \
+  cudaError_t LaunchTile<LT, S, D, T>(const TileParams& p, cudaStream_t) {                    \
+    thc_emu::Launch(p.num_tiles, kThreads, TileTraits<LT>::kSmemBytes,                        \
+                    [&p] { TileKernel<LT, S, D, T>(p); });                                    \
+    return cudaSuccess;                                                                       \
+  }
+#else
 // Above 48 KiB of shared memory a kernel must opt in, once per device (before any stream
 // capture: the first launch on a device does it, so warm up before capturing a CUDA graph).
 #define THC_DEFINE_LAUNCH_TILE(LT, S, D, T)                                                     \
@@ -346,6 +355,7 @@ cudaError_t LaunchTile(const TileParams& p, cudaStream_t stream);
     TileKernel<LT, S, D, T><<<p.num_tiles, kThreads, smem, stream>>>(p);                      \
     return cudaGetLastError();                                                                \
   }
+#endif
 
 }  // namespace detail
 }  // namespace cuda
