@@ -279,3 +279,75 @@ def test_invalid_kwargs_refused_with_message(cluster):
         msg = error_of(r)
         assert f"THC key {key}: registration refused" in msg and "table" in msg
     assert cluster.server_alive()
+
+
+# ---- the real worker pipeline ----------------------------------------------------------------
+def _fork_worker_installed():
+    import importlib.util
+    spec = importlib.util.find_spec("byteps")
+    if spec is None or not spec.submodule_search_locations:
+        return False
+    pkg = Path(list(spec.submodule_search_locations)[0])
+    return bool(list((pkg / "torch").glob("c_lib*.so"))) and tc.server_argv() is not None
+
+
+def _key_seed(seed, key):
+    from byteps_thc.reference import splitmix64
+    return splitmix64(seed ^ splitmix64(key ^ 0x7468635F6B657921))
+
+
+def _check_pipeline(out, n, steps, declared_key, xin, yout, part_elems, cast):
+    """Each partition of each worker's output == n * decode(sum of encodes) with the codec, bit
+    for bit: per-key seed, rank = the worker's rank, EF and step carried across steps."""
+    cfg = ThcConfig()
+    codecs = {}
+    for step in range(steps):
+        xs = [np.load(out / f"{xin}_{r}_{step}.npy").astype(np.float32) for r in range(n)]
+        ys = [np.load(out / f"{yout}_{r}_{step}.npy") for r in range(n)]
+        d = xs[0].size
+        for p, lo in enumerate(range(0, d, part_elems)):
+            hi = min(d, lo + part_elems)
+            key = (declared_key << 16) + p
+            c = ThcConfig(seed=_key_seed(cfg.seed, key))
+            cs = codecs.setdefault(p, [byteps_thc.ThcCodec(c, hi - lo, rank=r) for r in range(n)])
+            m = max(cs[r].norm(xs[r][lo:hi]) for r in range(n))
+            agg = byteps_thc.ThcAggregator(c, hi - lo, n)
+            for r in range(n):
+                agg.add(cs[r].encode(xs[r][lo:hi], m))
+            want = cast(cs[0].decode(agg.result(), m, n) * np.float32(n))
+            for r in range(n):
+                got = ys[r][lo:hi]
+                assert got.dtype == want.dtype
+                same = got.view(np.uint8) == want.view(np.uint8)
+                assert same.all(), (f"{yout} step {step} partition {p} rank {r}: "
+                                    f"{np.count_nonzero(got != want)} of {hi - lo} differ")
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_worker_pipeline_bit_exact(n, tmp_path):
+    """Real CPU BytePS workers (bpslaunch --local n): the norm round, THC encode with error feedback
+    over 3 steps, the server's integer sums and the decode reproduce the codec bit for bit, for
+    float32 and float16 tensors split in several partitions; an uncompressed tensor still works."""
+    import os
+    import signal
+    import subprocess
+    if not _fork_worker_installed():
+        pytest.skip("the BytePS fork (server + torch plugin) is not installed (make byteps)")
+    part_bytes, steps, d = 1024000, 3, 600_000
+    env = dict(os.environ, BYTEPS_PARTITION_BYTES=str(part_bytes))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    cmd = [sys.executable, "-m", "byteps_thc.launch", "--local", str(n), "--timeout", "240", "--",
+           sys.executable, str(ROOT / "tests" / "cluster" / "client" / "worker_pipeline.py"),
+           str(tmp_path), str(steps), str(d)]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    try:
+        log, _ = proc.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        log, _ = proc.communicate()
+        pytest.fail("the local cluster hung:\n" + log[-4000:])
+    assert proc.returncode == 0, log[-4000:]
+    assert "THC key 0 registered" in log and "THC key 1 registered" in log
+    _check_pipeline(tmp_path, n, steps, 0, "x", "y", part_bytes // 4, lambda v: v.astype(np.float32))
+    _check_pipeline(tmp_path, n, steps, 1, "h", "z", part_bytes // 2, lambda v: v.astype(np.float16))

@@ -1,0 +1,37 @@
+"""Run in every worker of a real local cluster (bpslaunch --local N): push_pull known tensors through
+BytePS's CPU worker pipeline (COPYD2H -> THC_NORM -> COMPRESS -> PUSH -> PULL -> DECOMPRESS ->
+COPYH2D) with THC kwargs, and save inputs and outputs; tests/cluster/test_thc_server.py checks them
+against the codec bit for bit.
+
+    worker_pipeline.py OUT_DIR STEPS D
+Declares, in this order (so their BytePS declared keys are 0, 1, 2): "thc_f32" (float32, THC),
+"thc_f16" (float16, THC) and "plain" (float32, uncompressed).
+"""
+import sys
+
+import numpy as np
+import torch
+
+import byteps.torch as bps
+from byteps.torch import ops
+from byteps_thc import ThcConfig
+
+bps.init()
+rank, size = bps.rank(), bps.size()
+out_dir, steps, d = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+kwargs = ThcConfig().to_kwargs()
+ops.declare("thc_f32", **kwargs)
+ops.declare("thc_f16", **kwargs)
+ops.declare("plain")
+for step in range(steps):
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    x = torch.randn(d, generator=g) * (rank + 1)
+    h = (torch.randn(d, generator=g) * 0.01).half()
+    y = ops.push_pull(x.clone(), average=False, name="thc_f32")
+    z = ops.push_pull(h.clone(), average=False, name="thc_f16")
+    for name, t in (("x", x), ("y", y), ("h", h), ("z", z)):
+        np.save(f"{out_dir}/{name}_{rank}_{step}.npy", t.numpy())
+    p = torch.full((1000,), float(rank + 1))
+    q = ops.push_pull(p, average=True, name="plain")
+    assert torch.all(q == sum(range(1, size + 1)) / size), q[:4]
+print(f"rank {rank}: {steps} steps done", flush=True)
