@@ -13,7 +13,7 @@
 #include <cstddef>
 #include <string>
 
-#include "../common.h"
+#include "common.h"
 
 namespace byteps {
 namespace common {
