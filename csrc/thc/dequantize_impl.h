@@ -13,18 +13,28 @@ namespace THC_ISA {
 namespace {
 
 // float(S) for W lanes of uint8 / uint16 / uint32 (exact conversion, correctly rounded for
-// uint32 above 2^24). Widening to int32 first keeps GCC on vector instructions.
+// uint32 above 2^24); explicit widening, which GCC's generic conversion would scalarise.
 inline vf ToFloat(const uint8_t* p) {
-  typedef uint8_t v8 __attribute__((vector_size(THC_W)));
-  v8 x;
-  std::memcpy(&x, p, sizeof x);
-  return __builtin_convertvector(__builtin_convertvector(x, vi), vf);
+#if THC_W == 16
+  return (vf)_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)p)));
+#elif THC_W == 8
+  return (vf)_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)p)));
+#else
+  vf r;
+  for (int l = 0; l < W; ++l) r[l] = (float)p[l];
+  return r;
+#endif
 }
 inline vf ToFloat(const uint16_t* p) {
-  typedef uint16_t v16 __attribute__((vector_size(THC_W * 2)));
-  v16 x;
-  std::memcpy(&x, p, sizeof x);
-  return __builtin_convertvector(__builtin_convertvector(x, vi), vf);
+#if THC_W == 16
+  return (vf)_mm512_cvtepi32_ps(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)));
+#elif THC_W == 8
+  return (vf)_mm256_cvtepi32_ps(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p)));
+#else
+  vf r;
+  for (int l = 0; l < W; ++l) r[l] = (float)p[l];
+  return r;
+#endif
 }
 inline vf ToFloat(const uint32_t* p) {
   const vu x = LoadU(p);

@@ -13,6 +13,26 @@ namespace detail {
 namespace THC_ISA {
 namespace {
 
+// maxps/minps return the second operand unless the comparison holds: exactly a > b ? a : b.
+inline vf Max(vf a, vf b) {
+#if THC_W == 16
+  return (vf)_mm512_max_ps((__m512)a, (__m512)b);
+#elif THC_W == 8
+  return (vf)_mm256_max_ps((__m256)a, (__m256)b);
+#else
+  return (a > b) ? a : b;
+#endif
+}
+inline vf Min(vf a, vf b) {
+#if THC_W == 16
+  return (vf)_mm512_min_ps((__m512)a, (__m512)b);
+#elif THC_W == 8
+  return (vf)_mm256_min_ps((__m256)a, (__m256)b);
+#else
+  return (a < b) ? a : b;
+#endif
+}
+
 inline vu NonFiniteMask(vf x) { return (vu)((AsU(x) & 0x7F800000u) == 0x7F800000u); }
 
 // ---- table lookups: gathers where the ISA has them, lanes one by one otherwise ----
@@ -154,32 +174,55 @@ inline uint8_t QuantizeOne(float* yp, uint64_t j, const QuantParams& p) {
 }
 
 template <bool kEf, class Lut>
-void QuantizeLoop(float* y, size_t n, uint64_t j0, const QuantParams& p, uint8_t* idx,
-                  const Lut lut) {
-  const vf c1 = BroadcastF(p.c1), c0 = BroadcastF(p.c0), g = BroadcastF(p.gmax);
-  const vf zero = vf{}, k1 = BroadcastF(p.k1), k0 = BroadcastF(p.k0);
-  const vu key = BroadcastU(p.round_key), lanes = Iota();
-  size_t i = 0;
-  for (; i + W <= n; i += W) {
-    const vf yv = LoadF(y + i);
+struct QuantizeBody {
+  vf c1, c0, g, zero, k1, k0;
+  vu key, lanes;
+  Lut lut;
+  QuantizeBody(const QuantParams& p, const Lut& l)
+      : c1(BroadcastF(p.c1)), c0(BroadcastF(p.c0)), g(BroadcastF(p.gmax)), zero(vf{}),
+        k1(BroadcastF(p.k1)), k0(BroadcastF(p.k0)), key(BroadcastU(p.round_key)), lanes(Iota()),
+        lut(l) {}
+  // Indices of y[0, W) (elements j, j+1, ...); with kEf, y becomes the error.
+  inline vi operator()(float* y, uint32_t j) const {
+    const vf yv = LoadF(y);
     vf t = yv * c1;
     t = t + c0;
-    t = (t > zero) ? t : zero;
-    t = (t < g) ? t : g;
+    t = Max(t, zero);  // t > 0 ? t : 0 (NaN -> 0)
+    t = Min(t, g);     // t < g ? t : g
     const vi k = __builtin_convertvector(t, vi);
     const vi lv = lut.Level(k);
     vf pr = t - lut.Tblf(lv);
     pr = pr * lut.Ig(lv);
-    const vu h = Hash32V(key ^ (BroadcastU((uint32_t)(j0 + i)) + lanes));
+    const vu h = Hash32V(key ^ (BroadcastU(j) + lanes));
     const vf u = __builtin_convertvector((vi)(h >> 8), vf) * 0x1p-24f;
     const vi q = lv - (vi)(u < pr);
-    StoreIdx(idx + i, q);
     if constexpr (kEf) {
       vf r = lut.Tblf(q) * k1;
       r = r + k0;
-      StoreF(y + i, yv - r);
+      StoreF(y, yv - r);
     }
+    return q;
   }
+};
+
+template <bool kEf, class Lut>
+void QuantizeLoop(float* y, size_t n, uint64_t j0, const QuantParams& p, uint8_t* idx,
+                  const Lut lut) {
+  const QuantizeBody<kEf, Lut> body(p, lut);
+  size_t i = 0;
+#if THC_W == 16
+  // Four vectors at a time: pack 64 indices into one store (vpmovdb to memory is slow).
+  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  for (; i + 4 * W <= n; i += 4 * W) {
+    const uint32_t j = (uint32_t)(j0 + i);
+    const vi q0 = body(y + i, j), q1 = body(y + i + W, j + W);
+    const vi q2 = body(y + i + 2 * W, j + 2 * W), q3 = body(y + i + 3 * W, j + 3 * W);
+    const __m512i a = _mm512_packus_epi32((__m512i)q0, (__m512i)q1);
+    const __m512i b = _mm512_packus_epi32((__m512i)q2, (__m512i)q3);
+    _mm512_storeu_si512(idx + i, _mm512_permutexvar_epi32(order, _mm512_packus_epi16(a, b)));
+  }
+#endif
+  for (; i + W <= n; i += W) StoreIdx(idx + i, body(y + i, (uint32_t)(j0 + i)));
   for (; i < n; ++i) idx[i] = QuantizeOne(y + i, j0 + i, p);
 }
 
