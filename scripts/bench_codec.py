@@ -21,6 +21,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # no idle BLAS threads competing for the cores
 import statistics
 import sys
 import threading
@@ -69,50 +71,52 @@ class Partition:
         self.agg.add(self.payload)
 
 
-def time_single(fn, repeats: int) -> float:
+def time_single(fn, repeats: int) -> list:
     fn()  # warm up
     ts = []
     for _ in range(repeats):
         t0 = time.perf_counter()
         fn()
         ts.append(time.perf_counter() - t0)
-    return statistics.median(ts)
+    return ts
 
 
-def time_threads(fns, repeats: int) -> float:
-    """Wall time for len(fns) threads to run their function once each (median of repeats)."""
+def time_threads(fns, repeats: int, inner: int) -> list:
+    """Wall times (per call) for len(fns) threads to run their function `inner` times each, one
+    per repeat: from the first thread's start to the last thread's end. `inner` amortises the
+    thread synchronisation for small partitions."""
     n = len(fns)
-    start, end = threading.Barrier(n + 1), threading.Barrier(n + 1)
+    start, end = threading.Barrier(n), threading.Barrier(n + 1)
+    spans = [[None] * n for _ in range(repeats + 1)]
 
-    def worker(fn):
-        for _ in range(repeats + 1):
+    def worker(k, fn):
+        for r in range(repeats + 1):
             start.wait()
-            fn()
+            t0 = time.perf_counter()
+            for _ in range(inner):
+                fn()
+            spans[r][k] = (t0, time.perf_counter())
             end.wait()
 
-    threads = [threading.Thread(target=worker, args=(fn,)) for fn in fns]
+    threads = [threading.Thread(target=worker, args=(k, fn)) for k, fn in enumerate(fns)]
     for t in threads:
         t.start()
-    ts = []
-    for r in range(repeats + 1):
-        start.wait()
-        t0 = time.perf_counter()
+    for _ in range(repeats + 1):
         end.wait()
-        if r:  # the first is the warm-up
-            ts.append(time.perf_counter() - t0)
     for t in threads:
         t.join()
-    return statistics.median(ts)
+    return [(max(e for _, e in sp) - min(s for s, _ in sp)) / inner for sp in spans[1:]]
 
 
 def bench(cfg, d, threads, repeats, ops):
+    """{op: [seconds per repeat]} for memcpy and each op."""
     parts = [Partition(cfg, d, seed) for seed in range(threads)]
     res = {}
     for op in ["memcpy"] + ops:
         if threads == 1:
             t = time_single(getattr(parts[0], op), repeats)
         else:
-            t = time_threads([getattr(p, op) for p in parts], repeats)
+            t = time_threads([getattr(p, op) for p in parts], repeats, max(1, (1 << 20) // d))
         res[op] = t
     return res
 
@@ -125,6 +129,9 @@ def main(argv=None):
     ap.add_argument("--threads", default=f"1,{os.cpu_count()}", help="thread counts")
     ap.add_argument("--repeats", type=int, default=0, help="repeats (default: by size)")
     ap.add_argument("--ops", default="encode,decode,aggregate")
+    ap.add_argument("--stat", choices=("median", "min"), default="median",
+                    help="statistic of the repeats printed (both go to --json); min is steadier "
+                         "on a busy machine")
     ap.add_argument("--json", metavar="PATH", help="write the results as JSON here")
     args = ap.parse_args(argv)
 
@@ -139,7 +146,9 @@ def main(argv=None):
 
     print(f"# byteps-thc codec benchmark: cpu={os.cpu_count()} cores, ISAs {isas} "
           f"(best {original}); b=4 g=30 p=1/32, EF on; decode/aggregate with {WORKERS} workers' sums")
-    print(f"# per-coordinate ns (ratio to memcpy of the same float32 bytes); median of repeats")
+    print(f"# per-coordinate ns (ratio to memcpy of the same float32 bytes); {args.stat} of repeats; "
+          f"threads: independent partitions in parallel, ns = wall / (threads * d)")
+    pick = statistics.median if args.stat == "median" else min
     hdr = f"{'isa':8} {'d':>6} {'block':>7} {'thr':>3} {'memcpy ns':>9} " + " ".join(
         f"{op + ' ns (x)':>20}" for op in ops)
     print(hdr, flush=True)
@@ -158,10 +167,13 @@ def main(argv=None):
                            "repeats": repeats}
                     cells = []
                     for op in ["memcpy"] + ops:
-                        row[op + "_s"] = r[op]
-                        row[op + "_ns_per_coord"] = r[op] / coords * 1e9
+                        row[op + "_s_median"] = statistics.median(r[op])
+                        row[op + "_s_min"] = min(r[op])
+                        row[op + "_ns_per_coord"] = pick(r[op]) / coords * 1e9
                         if op != "memcpy":
-                            row[op + "_ratio"] = r[op] / r["memcpy"]
+                            row[op + "_ratio"] = pick(r[op]) / pick(r["memcpy"])
+                            row[op + "_ratio_median"] = row[op + "_s_median"] / row["memcpy_s_median"]
+                            row[op + "_ratio_min"] = row[op + "_s_min"] / row["memcpy_s_min"]
                             cells.append(f"{row[op + '_ns_per_coord']:9.3f} ({row[op + '_ratio']:5.2f}x)")
                     rows.append(row)
                     print(f"{isa:8} {'2^%d' % lg:>6} {('whole' if not block else block):>7} {thr:>3} "
@@ -170,7 +182,8 @@ def main(argv=None):
     _C.force_isa(original)
     if args.json:
         Path(args.json).write_text(json.dumps({"rows": rows, "cpu_count": os.cpu_count(),
-                                               "best_isa": original}, indent=1))
+                                               "best_isa": original, "stat": args.stat,
+                                               "load_average": os.getloadavg()}, indent=1))
         print(f"# wrote {args.json}")
 
 
