@@ -380,9 +380,9 @@ EMU_CASES = [
     dict(d=1000, bits=2, ef=False), dict(d=1000, bits=1), dict(d=5000, block=1024, bits=5),
     dict(d=9000), dict(d=9000, dtype="bfloat16"), dict(d=3000, dtype="float16"), dict(d=20000),
     dict(d=1000, m=0.0), dict(d=20000, m=0.0, kw=dict(fused_max_log=12)),
-    dict(d=70001, kw=dict(fused_max_log=12, column_max_bits=2)),
+    dict(d=40001, kw=dict(fused_max_log=12, column_max_bits=2)),
     dict(d=(1 << 16) + 77, block=1 << 15, kw=dict(chunk_log=16)),
-    dict(d=(1 << 17) + 5, block=1 << 15, bits=8, kw=dict(chunk_log=16, column_max_bits=1)),
+    dict(d=(1 << 16) + 5, block=1 << 15, bits=8, kw=dict(chunk_log=15, column_max_bits=1)),
 ]
 
 

@@ -51,28 +51,30 @@ inline Ctx& Current() {
   return ctx;
 }
 
-// Runs kernel() for every thread of every block of the grid.
+// Runs kernel() for every thread of every block of the grid: `block` threads take the blocks one
+// after another, with a barrier between blocks (they share one shared-memory buffer).
 template <typename F>
 void Launch(unsigned grid, unsigned block, size_t smem_bytes, F kernel) {
   std::vector<float4> smem((smem_bytes + sizeof(float4) - 1) / sizeof(float4));
-  for (unsigned b = 0; b < grid; ++b) {
-    Barrier barrier(static_cast<int>(block));
-    std::vector<std::thread> threads;
-    threads.reserve(block);
-    for (unsigned t = 0; t < block; ++t) {
-      threads.emplace_back([&, b, t] {
-        Ctx& c = Current();
-        c.tid = make_uint3(t, 0, 0);
+  Barrier barrier(static_cast<int>(block));
+  std::vector<std::thread> threads;
+  threads.reserve(block);
+  for (unsigned t = 0; t < block; ++t) {
+    threads.emplace_back([&, t] {
+      Ctx& c = Current();
+      c.tid = make_uint3(t, 0, 0);
+      c.bdim = dim3(block);
+      c.gdim = dim3(grid);
+      c.smem = smem.data();
+      c.barrier = &barrier;
+      for (unsigned b = 0; b < grid; ++b) {
         c.bid = make_uint3(b, 0, 0);
-        c.bdim = dim3(block);
-        c.gdim = dim3(grid);
-        c.smem = smem.data();
-        c.barrier = &barrier;
-        kernel();
-      });
-    }
-    for (auto& th : threads) th.join();
+        kernel();  // early returns are uniform over a block in these kernels
+        barrier.Wait();
+      }
+    });
   }
+  for (auto& th : threads) th.join();
 }
 
 }  // namespace thc_emu
