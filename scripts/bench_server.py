@@ -3,7 +3,7 @@
 
 Starts the real scheduler and server of the fork build on 127.0.0.1 and N real ps-lite clients
 (tests/cluster/client/thc_client.cc). A model of --params float32 parameters is split into
-BytePS partitions of --partition-bytes (4 MiB by default, BytePS's); every client pushes every
+BytePS partitions of --partition-bytes (4096000 bytes by default, BytePS's); every client pushes every
 partition and pulls it back, R rounds, first as THC payloads (header + b-bit indices; the server
 unpacks, looks up and adds integers, pulls return the sums), then as plain float32 (the server
 sums floats). Prints rounds per second, bytes on the wire per round (measured at the clients:
@@ -63,7 +63,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workers", type=int, default=2, help="clients (BytePS workers)")
     ap.add_argument("--params", type=int, default=25_000_000, help="model size in float32 parameters")
-    ap.add_argument("--partition-bytes", type=int, default=4 << 20, help="BYTEPS_PARTITION_BYTES")
+    ap.add_argument("--partition-bytes", type=int, default=4096000,
+                    help="BYTEPS_PARTITION_BYTES (BytePS's default 4096000)")
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--bits", type=int, default=4)
@@ -83,7 +84,7 @@ def main(argv=None):
     sizes = partitions(args.params, args.partition_bytes)
     n = args.workers
     print(f"{n} workers, {args.params / 1e6:.1f}M float32 parameters in {len(sizes)} partitions of "
-          f"<= {args.partition_bytes >> 20} MiB; THC {cfg.describe().split(';')[0]}")
+          f"<= {args.partition_bytes} bytes; THC {cfg.describe().split(';')[0]}")
     cluster = tc.Cluster(n, work, exe, argv_server,
                          {"BYTEPS_SERVER_ENGINE_THREAD": str(args.engine_threads)})
     try:

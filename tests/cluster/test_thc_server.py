@@ -323,18 +323,11 @@ def _check_pipeline(out, n, steps, declared_key, xin, yout, part_elems, cast):
                                     f"{np.count_nonzero(got != want)} of {hi - lo} differ")
 
 
-@pytest.mark.parametrize("n", [2, 3])
-def test_worker_pipeline_bit_exact(n, tmp_path):
-    """Real CPU BytePS workers (bpslaunch --local n): the norm round, THC encode with error feedback
-    over 3 steps, the server's integer sums and the decode reproduce the codec bit for bit, for
-    float32 and float16 tensors split in several partitions; an uncompressed tensor still works."""
+def _run_local(n, tmp_path, steps, d, part_bytes, extra_env=None, timeout=300):
     import os
     import signal
     import subprocess
-    if not _fork_worker_installed():
-        pytest.skip("the BytePS fork (server + torch plugin) is not installed (make byteps)")
-    part_bytes, steps, d = 1024000, 3, 600_000
-    env = dict(os.environ, BYTEPS_PARTITION_BYTES=str(part_bytes))
+    env = dict(os.environ, BYTEPS_PARTITION_BYTES=str(part_bytes), **(extra_env or {}))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     cmd = [sys.executable, "-m", "byteps_thc.launch", "--local", str(n), "--timeout", "240", "--",
            sys.executable, str(ROOT / "tests" / "cluster" / "client" / "worker_pipeline.py"),
@@ -342,12 +335,36 @@ def test_worker_pipeline_bit_exact(n, tmp_path):
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
     try:
-        log, _ = proc.communicate(timeout=300)
+        log, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         log, _ = proc.communicate()
         pytest.fail("the local cluster hung:\n" + log[-4000:])
-    assert proc.returncode == 0, log[-4000:]
+    return proc.returncode, log
+
+
+def test_worker_fails_with_message_on_mismatched_config(tmp_path):
+    """Workers that declare different THC settings: the server logs the refusal naming the key and
+    stays up until the launcher stops it; every worker fails with the server's message."""
+    if not _fork_worker_installed():
+        pytest.skip("the BytePS fork (server + torch plugin) is not installed (make byteps)")
+    rc, log = _run_local(2, tmp_path, 1, 300_000, 1024000, {"THC_TEST_MISMATCH": "1"}, timeout=200)
+    assert rc != 0, log[-3000:]
+    assert "THC key 0: registration refused" in log, log[-3000:]
+    assert "THC: the norm round of tensor 'byteps.thc_f32" in log, log[-3000:]
+    assert "seed=" in log
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_worker_pipeline_bit_exact(n, tmp_path):
+    """Real CPU BytePS workers (bpslaunch --local n): the norm round, THC encode with error feedback
+    over 3 steps, the server's integer sums and the decode reproduce the codec bit for bit, for
+    float32 and float16 tensors split in several partitions; an uncompressed tensor still works."""
+    if not _fork_worker_installed():
+        pytest.skip("the BytePS fork (server + torch plugin) is not installed (make byteps)")
+    part_bytes, steps, d = 1024000, 3, 600_000
+    rc, log = _run_local(n, tmp_path, steps, d, part_bytes)
+    assert rc == 0, log[-4000:]
     assert "THC key 0 registered" in log and "THC key 1 registered" in log
     _check_pipeline(tmp_path, n, steps, 0, "x", "y", part_bytes // 4, lambda v: v.astype(np.float32))
     _check_pipeline(tmp_path, n, steps, 1, "h", "z", part_bytes // 2, lambda v: v.astype(np.float16))

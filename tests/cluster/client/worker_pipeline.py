@@ -7,6 +7,7 @@ against the codec bit for bit.
 Declares, in this order (so their BytePS declared keys are 0, 1, 2): "thc_f32" (float32, THC),
 "thc_f16" (float16, THC) and "plain" (float32, uncompressed).
 """
+import os
 import sys
 
 import numpy as np
@@ -19,7 +20,9 @@ from byteps_thc import ThcConfig
 bps.init()
 rank, size = bps.rank(), bps.size()
 out_dir, steps, d = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-kwargs = ThcConfig().to_kwargs()
+# THC_TEST_MISMATCH=1: every worker declares another seed (the server must refuse, the workers fail)
+mismatch = os.environ.get("THC_TEST_MISMATCH") == "1"
+kwargs = ThcConfig(seed=42 + (rank if mismatch else 0)).to_kwargs()
 ops.declare("thc_f32", **kwargs)
 ops.declare("thc_f16", **kwargs)
 ops.declare("plain")

@@ -187,7 +187,8 @@ void Register(ThcKey* k, uint64_t key, const ps::KVMeta& req, const ps::KVPairs<
       k->cfg = cfg;
       k->d = d;
       k->fingerprint = fp;
-      k->description = tw::Describe(cfg) + " d=" + std::to_string(d);
+      // As declared (the seed before mixing with the key), which is what users set.
+      k->description = tw::Describe(settings.config) + " d=" + std::to_string(d);
       k->num_workers = static_cast<uint32_t>(ps::NumWorkers());
       k->lane_bits = thc::LaneBits(cfg, k->num_workers);
       if (k->lane_bits == 0) {
@@ -200,8 +201,9 @@ void Register(ThcKey* k, uint64_t key, const ps::KVMeta& req, const ps::KVPairs<
                   << k->num_workers << " workers, " << k->lane_bits << "-bit lanes";
       }
     } else if (fp != k->fingerprint) {
-      err = "node " + std::to_string(req.sender) + " declared " + tw::Describe(cfg) +
-            " d=" + std::to_string(d) + ", but the key was registered with " + k->description;
+      err = "THC settings differ between workers: node " + std::to_string(req.sender) +
+            " declared " + tw::Describe(settings.config) + " d=" + std::to_string(d) +
+            ", but the key was registered with " + k->description;
     }
   }
   if (!err.empty()) {
