@@ -15,7 +15,7 @@ struct Aggregator::Impl {
   int lane_bits = 0;
   uint32_t count = 0;
   std::vector<uint32_t> tbl;
-  std::vector<uint64_t> sums;  // 8-byte aligned storage for lanes of lane_bits
+  detail::AlignedArray<uint8_t> sums;  // lanes of lane_bits, cache-line aligned
 };
 
 Aggregator::Aggregator(const Config& cfg, size_t d, uint32_t num_workers) : impl_(new Impl) {
@@ -26,7 +26,7 @@ Aggregator::Aggregator(const Config& cfg, size_t d, uint32_t num_workers) : impl
   m.lane_bits = LaneBits(cfg, num_workers);
   m.tbl.assign(cfg.table.begin(), cfg.table.end());
   m.tbl.resize(1u << cfg.bits, cfg.granularity);
-  if (m.lane_bits) m.sums.assign((m.geo.padded * (size_t)m.lane_bits / 8 + 7) / 8, 0);
+  if (m.lane_bits) m.sums.resize(m.geo.padded * (size_t)m.lane_bits / 8);
 }
 
 Aggregator::~Aggregator() { delete impl_; }
@@ -37,7 +37,7 @@ uint32_t Aggregator::count() const { return impl_->count; }
 const void* Aggregator::sums() const { return impl_->sums.data(); }
 size_t Aggregator::sums_bytes() const { return impl_->geo.padded * (size_t)impl_->lane_bits / 8; }
 void Aggregator::Reset() {
-  std::fill(impl_->sums.begin(), impl_->sums.end(), 0);
+  if (impl_->sums.size()) std::memset(impl_->sums.data(), 0, impl_->sums.size());
   impl_->count = 0;
 }
 

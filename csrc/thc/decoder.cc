@@ -1,7 +1,8 @@
 // byteps-thc codec core: the decoder (docs/ALGORITHM.md, "Decode").
 //
-// Chunks of whole blocks: sums -> z, transform, sign. A chunk that lies wholly inside the output
-// is transformed in place there; others (the padded tail) use a per-thread scratch buffer.
+// Chunks of whole blocks: sums -> z, transform, sign. The transform runs in a per-thread,
+// cache-line aligned scratch buffer (the caller's output may be misaligned for vector loads, and
+// the padded tail does not fit it); the signed result goes to the output.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -31,16 +32,13 @@ Status Decode(const Config& cfg, size_t d, const void* sums, int lane_bits, uint
   const uint32_t key = SignKey(cfg.seed);
   const size_t chunk = std::max(geo.block, detail::kChunk);
   const size_t lane_bytes = (size_t)lane_bits / 8;
-  thread_local std::vector<float> scratch;
+  thread_local detail::AlignedArray<float> scratch;
+  if (scratch.size() < std::min(chunk, geo.padded)) scratch.resize(std::min(chunk, geo.padded));
   for (size_t j0 = 0; j0 < geo.padded; j0 += chunk) {
     const size_t n = std::min(chunk, geo.padded - j0);
     const size_t nvalid = j0 < d ? std::min(n, d - j0) : 0;
     if (nvalid == 0) break;
-    float* v = out + j0;
-    if (nvalid < n) {
-      if (scratch.size() < n) scratch.resize(n);
-      v = scratch.data();
-    }
+    float* v = scratch.data();
     k.load_sums(static_cast<const uint8_t*>(sums) + j0 * lane_bytes, lane_bits, n, m1, m0, v);
     k.fwht(v, n, geo.block);
     k.scale_signed(v, nvalid, j0, key, 1.0f, out + j0);

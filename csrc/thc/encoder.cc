@@ -23,9 +23,9 @@ struct Encoder::Impl {
   uint64_t step = 0;
   uint32_t sign_key = 0;
   size_t chunk = 0;
-  std::vector<float> res, res_next;  // d floats each (error feedback only)
-  std::vector<float> work;           // chunk floats
-  std::vector<uint8_t> idx;          // chunk indices
+  detail::AlignedArray<float> res, res_next;  // d floats each (error feedback only)
+  detail::AlignedArray<float> work;           // chunk floats
+  detail::AlignedArray<uint8_t> idx;          // chunk indices
   std::vector<int32_t> lvl, tbl;
   std::vector<float> tblf, ig;
 };
@@ -43,8 +43,8 @@ Encoder::Encoder(const Config& cfg, size_t d, uint32_t rank, bool error_feedback
   m.work.resize(m.chunk);
   m.idx.resize(m.chunk);
   if (m.ef) {
-    m.res.assign(d, 0.0f);
-    m.res_next.assign(d, 0.0f);
+    m.res.resize(d);
+    m.res_next.resize(d);
   }
   const int levels = 1 << cfg.bits;
   const uint32_t g = cfg.granularity;
@@ -71,7 +71,7 @@ uint64_t Encoder::step() const { return impl_->step; }
 void Encoder::set_step(uint64_t step) { impl_->step = step; }
 const float* Encoder::residual() const { return impl_->ef ? impl_->res.data() : nullptr; }
 void Encoder::ResetResidual() {
-  if (impl_->ef) std::fill(impl_->res.begin(), impl_->res.end(), 0.0f);
+  if (impl_->ef) std::fill(impl_->res.data(), impl_->res.data() + impl_->res.size(), 0.0f);
 }
 
 Status Encoder::Norm(const float* grad, double* norm) const {
@@ -95,10 +95,10 @@ Status Encoder::Encode(const float* grad, double max_norm, uint8_t* payload) {
     for (size_t i = 0; i < geo.d; ++i) {
       const float x = res ? grad[i] + res[i] : grad[i];
       if (!std::isfinite(x)) return Status::kNonFinite;
-      if (m.ef) m.res_next[i] = x;
+      if (m.ef) m.res_next.data()[i] = x;
     }
     std::memset(payload, 0, geo.payload_bytes);
-    if (m.ef) std::swap(m.res, m.res_next);
+    if (m.ef) m.res.swap(m.res_next);
     ++m.step;
     return Status::kOk;
   }
@@ -135,7 +135,7 @@ Status Encoder::Encode(const float* grad, double max_norm, uint8_t* payload) {
       k.scale_signed(v, nvalid, j0, m.sign_key, inv_block, m.res_next.data() + j0);
     }
   }
-  if (m.ef) std::swap(m.res, m.res_next);
+  if (m.ef) m.res.swap(m.res_next);
   ++m.step;
   return Status::kOk;
 }

@@ -13,9 +13,45 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <new>
 
 namespace thc {
 namespace detail {
+
+// A zero-initialised array on a 64-byte (cache line, one AVX-512 vector) boundary: the kernels'
+// vector loads and stores never straddle two lines. Not copyable; resize() discards contents.
+template <class T>
+class AlignedArray {
+ public:
+  AlignedArray() = default;
+  explicit AlignedArray(size_t n) { resize(n); }
+  ~AlignedArray() { std::free(p_); }
+  AlignedArray(const AlignedArray&) = delete;
+  AlignedArray& operator=(const AlignedArray&) = delete;
+  void resize(size_t n) {
+    std::free(p_);
+    p_ = nullptr;
+    n_ = n;
+    if (n == 0) return;
+    const size_t bytes = (n * sizeof(T) + 63) / 64 * 64;
+    p_ = static_cast<T*>(std::aligned_alloc(64, bytes));
+    if (!p_) throw std::bad_alloc();
+    std::memset(static_cast<void*>(p_), 0, bytes);
+  }
+  void swap(AlignedArray& o) noexcept {
+    T* p = p_; p_ = o.p_; o.p_ = p;
+    size_t n = n_; n_ = o.n_; o.n_ = n;
+  }
+  T* data() { return p_; }
+  const T* data() const { return p_; }
+  size_t size() const { return n_; }
+
+ private:
+  T* p_ = nullptr;
+  size_t n_ = 0;
+};
 
 // Everything the quantize kernel needs; filled once per Encode call by the encoder.
 struct QuantParams {
