@@ -87,7 +87,8 @@ ps::SArray<char> MakeResponse(int32_t status, uint32_t lane_bits, uint32_t n, ui
   h.num_workers = n;
   h.round = round;
   h.payload_bytes = bytes;
-  ps::SArray<char> out(sizeof(h) + bytes);
+  // Owned by the SArray (and by ps-lite until sent); not zero-filled, every byte is written.
+  ps::SArray<char> out(new char[sizeof(h) + bytes], sizeof(h) + bytes, true);
   std::memcpy(out.data(), &h, sizeof(h));
   if (bytes) std::memcpy(out.data() + sizeof(h), payload, bytes);
   return out;
