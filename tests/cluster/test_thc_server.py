@@ -355,6 +355,16 @@ def test_worker_fails_with_message_on_mismatched_config(tmp_path):
     assert "seed=" in log
 
 
+def test_worker_fails_with_message_on_nan_gradient(tmp_path):
+    """A NaN in one worker's THC gradient: that worker fails with a message naming the tensor."""
+    if not _fork_worker_installed():
+        pytest.skip("the BytePS fork (server + torch plugin) is not installed (make byteps)")
+    rc, log = _run_local(2, tmp_path, 1, 300_000, 1024000, {"THC_TEST_NAN_RANK": "1"}, timeout=200)
+    assert rc != 0, log[-3000:]
+    assert "THC: tensor 'byteps.thc_f32_0' (key 0" in log and "non-finite gradient" in log, \
+        log[-3000:]
+
+
 @pytest.mark.parametrize("n", [2, 3])
 def test_worker_pipeline_bit_exact(n, tmp_path):
     """Real CPU BytePS workers (bpslaunch --local n): the norm round, THC encode with error feedback

@@ -4,8 +4,9 @@ COPYH2D) with THC kwargs, and save inputs and outputs; tests/cluster/test_thc_se
 against the codec bit for bit.
 
     worker_pipeline.py OUT_DIR STEPS D
-Declares, in this order (so their BytePS declared keys are 0, 1, 2): "thc_f32" (float32, THC),
-"thc_f16" (float16, THC) and "plain" (float32, uncompressed).
+Declares, in this order (so their BytePS declared keys are 0, 1, 2, 3): "thc_f32" (float32, THC),
+"thc_f16" (float16, THC, also ef_type=vanilla), "plain" (float32, uncompressed) and "thc_zero"
+(all zeros: the max norm is 0 and the result must be zeros).
 """
 import os
 import sys
@@ -23,12 +24,16 @@ out_dir, steps, d = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 # THC_TEST_MISMATCH=1: every worker declares another seed (the server must refuse, the workers fail)
 mismatch = os.environ.get("THC_TEST_MISMATCH") == "1"
 kwargs = ThcConfig(seed=42 + (rank if mismatch else 0)).to_kwargs()
+nan_rank = int(os.environ.get("THC_TEST_NAN_RANK", "-1"))  # this rank sends a NaN gradient
 ops.declare("thc_f32", **kwargs)
-ops.declare("thc_f16", **kwargs)
+ops.declare("thc_f16", ef_type="vanilla", **kwargs)  # BytePS's EF switch: THC keeps its own
 ops.declare("plain")
+ops.declare("thc_zero", **kwargs)
 for step in range(steps):
     g = torch.Generator().manual_seed(1000 * step + rank)
     x = torch.randn(d, generator=g) * (rank + 1)
+    if rank == nan_rank:
+        x[d // 2] = float("nan")
     h = (torch.randn(d, generator=g) * 0.01).half()
     y = ops.push_pull(x.clone(), average=False, name="thc_f32")
     z = ops.push_pull(h.clone(), average=False, name="thc_f16")
@@ -37,4 +42,6 @@ for step in range(steps):
     p = torch.full((1000,), float(rank + 1))
     q = ops.push_pull(p, average=True, name="plain")
     assert torch.all(q == sum(range(1, size + 1)) / size), q[:4]
+    zero = ops.push_pull(torch.zeros(d), average=True, name="thc_zero")  # M = 0: zeros
+    assert torch.count_nonzero(zero) == 0, zero[:4]
 print(f"rank {rank}: {steps} steps done", flush=True)
