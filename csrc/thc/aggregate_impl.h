@@ -48,6 +48,16 @@ void AddGeneric(const uint8_t* payload, size_t n, int bits, const uint32_t* tbl,
   T t[256];
   const int levels = 1 << bits;
   for (int i = 0; i < levels; ++i) t[i] = (T)tbl[i];
+  if (bits == 4) {  // two indices a byte: no unpack buffer
+    size_t i = 0;
+    for (; i + 2 <= n; i += 2) {
+      const uint8_t b = payload[i / 2];
+      s[i] += t[b & 15];
+      s[i + 1] += t[b >> 4];
+    }
+    if (i < n) s[i] += t[payload[i / 2] & 15];
+    return;
+  }
   for (size_t i = 0; i < n; i += kUnpack) {
     const size_t m = (n - i) < kUnpack ? (n - i) : kUnpack;
     Unpack(payload + i / 8 * (size_t)bits, m, bits, idx);  // i is a multiple of 8

@@ -222,7 +222,11 @@ void QuantizeLoop(float* y, size_t n, uint64_t j0, const QuantParams& p, uint8_t
     _mm512_storeu_si512(idx + i, _mm512_permutexvar_epi32(order, _mm512_packus_epi16(a, b)));
   }
 #endif
+#if THC_W >= 8
   for (; i + W <= n; i += W) StoreIdx(idx + i, body(y + i, (uint32_t)(j0 + i)));
+#endif
+  // The portable build stays scalar here: without gathers, per-lane lookups and variable
+  // shifts, its 4-wide vectors are slower than plain code.
   for (; i < n; ++i) idx[i] = QuantizeOne(y + i, j0 + i, p);
 }
 
