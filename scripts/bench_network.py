@@ -43,6 +43,7 @@ import os
 import re
 import shutil
 import statistics
+import struct
 import subprocess
 import sys
 import tempfile
@@ -147,12 +148,12 @@ class Proc:
     """A process in a namespace whose output lines are kept with their arrival times."""
 
     def __init__(self, net: EmulatedNetwork, node: str, name: str, argv: List[str],
-                 env: Dict[str, str], logdir: str, nice: int):
+                 env: Dict[str, str], logdir: str, nice: int, cwd: str = ROOT):
         self.name = name
         self.lines: List[tuple] = []
         self.log_path = os.path.join(logdir, name.replace(" ", "_") + ".log")
         full = (["nice", "-n", str(nice)] if nice else []) + argv
-        self.p = net.popen(node, full, env=env, cwd=ROOT, stdout=subprocess.PIPE,
+        self.p = net.popen(node, full, env=env, cwd=cwd, stdout=subprocess.PIPE,
                            stderr=subprocess.STDOUT)
         self._t = threading.Thread(target=self._pump, daemon=True)
         self._t.start()
@@ -254,14 +255,19 @@ def run_cluster(net: EmulatedNetwork, workers: int, spec: advise.CompressorSpec,
     role_cmd = server_argv()
     env = base_env(net, workers)
     rundir = tempfile.mkdtemp(prefix=f"{net.prefix}-{tag}-", dir=logdir)
+    # BytePS's vanilla error feedback (ef_type=vanilla) maps the learning rate from ./lr.s, a
+    # file only its MXNet plugin writes; every process of a run starts in `rundir`, which holds
+    # one. Both workloads keep the learning rate constant, so 1.0 (the ratio it uses is 1) is exact.
+    with open(os.path.join(rundir, "lr.s"), "wb") as f:
+        f.write(struct.pack("d", 1.0))
     procs: List[Proc] = []
     cpu: List[tuple] = []
     status, error = "ok", ""
     try:
         sched_env = dict(env, DMLC_ROLE="scheduler", DMLC_NODE_HOST=net.addr["srv"])
-        procs.append(Proc(net, "srv", "scheduler", role_cmd, sched_env, rundir, nice))
+        procs.append(Proc(net, "srv", "scheduler", role_cmd, sched_env, rundir, nice, rundir))
         srv_env = dict(env, DMLC_ROLE="server", DMLC_NODE_HOST=net.addr["srv"])
-        server = Proc(net, "srv", "server", role_cmd, srv_env, rundir, nice)
+        server = Proc(net, "srv", "server", role_cmd, srv_env, rundir, nice, rundir)
         procs.append(server)
         wprocs = []
         for i in range(workers):
@@ -271,7 +277,7 @@ def run_cluster(net: EmulatedNetwork, workers: int, spec: advise.CompressorSpec,
                         DMLC_NODE_HOST=net.addr[f"w{i}"], BYTEPS_LOCAL_RANK="0",
                         BYTEPS_LOCAL_SIZE="1", BYTEPS_SOCKET_PATH=sock)
             wp = Proc(net, f"w{i}", f"worker {i}", launch + ["--"] + worker_cmd, wenv, rundir,
-                      nice)
+                      nice, rundir)
             procs.append(wp)
             wprocs.append(wp)
         deadline = time.monotonic() + timeout_s
@@ -378,7 +384,7 @@ def run_replay(net, a, model: str, spec, bw: float, link_gbit: float, costs, log
     steps = max(a.min_steps, min(a.steps, int(a.run_seconds / max(pred.step_s, 1e-3))))
     cmd = [sys.executable, os.path.abspath(__file__), "--replay-worker", "--model", model,
            "--steps", str(steps), "--warmup", str(a.warmup), "--compute-ms", str(compute_ms)]
-    timeout = a.run_timeout or max(120.0, 30 + 6 * (steps + a.warmup) * pred.step_s + 60)
+    timeout = a.run_timeout or max(240.0, 90 + 8 * (steps + a.warmup) * pred.step_s)
     t0 = time.time()
     res = run_cluster(net, a.workers, spec, cmd, logdir, timeout, a.nice,
                       tag=f"{model}{int(bw)}{spec.name[:4]}")
@@ -599,14 +605,15 @@ def preflight() -> Optional[str]:
     if err:
         return err
     import importlib.util
-    if importlib.util.find_spec("byteps") is None:
+    spec = importlib.util.find_spec("byteps")     # found, not imported: byteps.server would serve
+    if spec is None or not spec.submodule_search_locations:
         return "the BytePS fork is not installed (make byteps)"
-    for mod in ("byteps.torch", "byteps.server"):
-        try:
-            if importlib.util.find_spec(mod) is None:
-                return f"{mod} is missing from the BytePS build (make byteps)"
-        except ImportError as e:
-            return f"{mod}: {e}"
+    pkg = list(spec.submodule_search_locations)[0]
+    for sub in ("server", "torch"):
+        d = os.path.join(pkg, sub)
+        if not (os.path.isdir(d) and any(f.startswith("c_lib") and f.endswith(".so")
+                                         for f in os.listdir(d))):
+            return f"the BytePS fork's {sub} library is missing (make byteps)"
     return None
 
 
