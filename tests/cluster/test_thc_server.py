@@ -323,13 +323,14 @@ def _check_pipeline(out, n, steps, declared_key, xin, yout, part_elems, cast):
                                     f"{np.count_nonzero(got != want)} of {hi - lo} differ")
 
 
-def _run_local(n, tmp_path, steps, d, part_bytes, extra_env=None, timeout=300):
+def _run_local(n, tmp_path, steps, d, part_bytes, extra_env=None, timeout=300, servers=1):
     import os
     import signal
     import subprocess
     env = dict(os.environ, BYTEPS_PARTITION_BYTES=str(part_bytes), **(extra_env or {}))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    cmd = [sys.executable, "-m", "byteps_thc.launch", "--local", str(n), "--timeout", "240", "--",
+    cmd = [sys.executable, "-m", "byteps_thc.launch", "--local", str(n), "--servers", str(servers),
+           "--timeout", "240", "--",
            sys.executable, str(ROOT / "tests" / "cluster" / "client" / "worker_pipeline.py"),
            str(tmp_path), str(steps), str(d)]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -365,15 +366,17 @@ def test_worker_fails_with_message_on_nan_gradient(tmp_path):
         log[-3000:]
 
 
-@pytest.mark.parametrize("n", [2, 3])
-def test_worker_pipeline_bit_exact(n, tmp_path):
+@pytest.mark.parametrize("n,servers", [(2, 1), (3, 1), (2, 2)],
+                         ids=["2workers", "3workers", "2workers-2servers"])
+def test_worker_pipeline_bit_exact(n, servers, tmp_path):
     """Real CPU BytePS workers (bpslaunch --local n): the norm round, THC encode with error feedback
     over 3 steps, the server's integer sums and the decode reproduce the codec bit for bit, for
-    float32 and float16 tensors split in several partitions; an uncompressed tensor still works."""
+    float32 and float16 tensors split in several partitions (spread over the servers); an
+    uncompressed tensor still works."""
     if not _fork_worker_installed():
         pytest.skip("the BytePS fork (server + torch plugin) is not installed (make byteps)")
     part_bytes, steps, d = 1024000, 3, 600_000
-    rc, log = _run_local(n, tmp_path, steps, d, part_bytes)
+    rc, log = _run_local(n, tmp_path, steps, d, part_bytes, servers=servers)
     assert rc == 0, log[-4000:]
     assert "THC key 0 registered" in log and "THC key 1 registered" in log
     _check_pipeline(tmp_path, n, steps, 0, "x", "y", part_bytes // 4, lambda v: v.astype(np.float32))
