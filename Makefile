@@ -35,7 +35,7 @@ test: ext
 	$(PY) -m pytest -q tests
 
 demo: ext
-	$(PY) example/codec_demo.py
+	$(PY) scripts/demo.py
 
 bench: ext
 	$(PY) scripts/bench_codec.py
