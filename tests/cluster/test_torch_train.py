@@ -16,7 +16,7 @@ import pytest
 from test_launch_local import ROOT, bpslaunch, pytestmark, worker_script  # noqa: F401
 
 EXAMPLE = os.path.join(ROOT, "example", "pytorch", "train_digits.py")
-EPOCHS = "5"
+EPOCHS = "3"
 
 
 def _train(compressor, tmp_path):
@@ -75,7 +75,7 @@ def test_dtypes_through_thc(tmp_path, dtype):
         losses = []
         x = torch.randn(64, 64, generator=g).to(dtype)
         y = torch.randint(0, 10, (64,), generator=g)
-        for step in range(15):
+        for step in range(6):
             opt.zero_grad()
             loss = torch.nn.functional.cross_entropy(model(x).float(), y)
             loss.backward()
