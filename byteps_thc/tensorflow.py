@@ -1,0 +1,675 @@
+"""TensorFlow 2 adapter of byteps-thc: THC (and BytePS's other compressors) for TF 2 and Keras 3.
+
+The patched `byteps.tensorflow` (csrc/byteps/patches/0092-*) takes its training API from here, so
+user code stays BytePS's:
+
+    import byteps.tensorflow as bps
+    bps.init()
+    # custom loop (eager or tf.function)
+    with tf.GradientTape() as tape:
+        loss = ...
+    tape = bps.DistributedGradientTape(tape, compression=bps.Compression.thc(bits=4))
+    grads = tape.gradient(loss, model.trainable_variables)
+    # or Keras 3 model.fit
+    opt = bps.DistributedOptimizer(keras.optimizers.SGD(0.1), compression=bps.Compression.thc())
+    model.compile(optimizer=opt, loss=..., jit_compile=False)
+    model.fit(x, y, callbacks=[bps.BroadcastGlobalVariablesCallback(0)])
+
+Without `compression=` the compressor is what `bpslaunch --compressor ...` chose
+(`Compression.from_env()`: BYTEPS_COMPRESSOR and BYTEPS_THC_*).
+
+Names. BytePS keys a tensor by its name, and every worker must declare the same names in the same
+order. Here every variable gets one stable name for the life of the process, from its Keras path
+(or tf.Variable name), made unique in order of first use: gradients travel as
+"Gradient.<name>", broadcasts as "Parameter.<name>". Eager and tf.function use the same names, so a
+program can mix them. An unnamed eager `push_pull` of a plain tensor is refused (upstream gave it
+a random name per call: a new key and buffer every step); inside tf.function unnamed tensors are
+named after their graph tensor, as upstream does.
+
+THC reaches BytePS's C++ compressor registry exactly as in PyTorch: each gradient name is
+declared once with the compressor's kwargs (`ThcConfig.to_kwargs()`), and BytePS's worker
+pipeline compresses every partition; nothing of THC's math runs in Python. Tensors smaller than
+BYTEPS_MIN_COMPRESS_BYTES travel uncompressed.
+
+In eager mode the push_pulls of one gradient list run as one tf.function (cached per list of
+names), so all of them are in flight at once, as they are inside a traced train step.
+
+`byteps.tensorflow.ops` is imported only when a function needs it, so that this module (and the
+compression objects) can be imported, and tested, without a BytePS build.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+import threading
+import weakref
+from typing import Dict, List, Mapping, Optional, Sequence
+
+import tensorflow as tf
+
+from .config import ENV as _ENV
+from .config import ThcConfig
+
+ENV_COMPRESSOR = _ENV["compressor"]
+ENV_COMPRESSOR_K = "BYTEPS_COMPRESSOR_K"
+ENV_COMPRESSOR_EF = "BYTEPS_COMPRESSOR_EF"
+ENV_MIN_COMPRESS_BYTES = "BYTEPS_MIN_COMPRESS_BYTES"
+DEFAULT_MIN_COMPRESS_BYTES = 65536  # BytePS's default, bytes of the tensor as pushed
+
+Average = "Average"
+Sum = "Sum"
+
+# dtypes the BytePS TF op takes as they are; others travel as a dtype that holds them exactly.
+_NATIVE = (tf.int32, tf.int64, tf.float16, tf.float32, tf.float64)
+
+
+def _ops():
+    from byteps.tensorflow import ops  # noqa: WPS433 - deferred: byteps.tensorflow imports us
+    return ops
+
+
+def size() -> int:
+    return _ops().size()
+
+
+def rank() -> int:
+    return _ops().rank()
+
+
+def min_compress_bytes(environ: Optional[Mapping[str, str]] = None) -> int:
+    env = os.environ if environ is None else environ
+    raw = env.get(ENV_MIN_COMPRESS_BYTES, "")
+    return int(raw) if raw.strip() else DEFAULT_MIN_COMPRESS_BYTES
+
+
+# ------------------------------------------------------------------------------------------------
+# Compressors (the TensorFlow twins of byteps_thc.torch's; the kwargs are the same strings)
+# ------------------------------------------------------------------------------------------------
+class Compressor:
+    """compress(tensor) -> (tensor_for_bytes, ctx), decompress(tensor, ctx) -> tensor run around
+    the push_pull; `kwargs(tensor)` are the BytePS compressor kwargs the tensor is declared with
+    (None: no C++ compressor)."""
+    name = "none"
+
+    def compress(self, tensor):
+        return tensor, None
+
+    def decompress(self, tensor, ctx):
+        return tensor
+
+    def kwargs(self, tensor) -> Optional[Dict[str, str]]:
+        return None
+
+    def __repr__(self):
+        return f"Compression.{self.name}"
+
+
+class NoneCompressor(Compressor):
+    """No compression. bfloat16 travels as float32, small integer types as int32."""
+    name = "none"
+
+    def compress(self, tensor):
+        wire = _exact_dtype(tensor.dtype)
+        if wire == tensor.dtype:
+            return tensor, None
+        return tf.cast(tensor, wire), tensor.dtype
+
+    def decompress(self, tensor, ctx):
+        return tensor if ctx is None else tf.cast(tensor, ctx)
+
+
+class FP16Compressor(Compressor):
+    """Casts floating-point gradients to float16 for the push_pull and back (as upstream)."""
+    name = "fp16"
+
+    def compress(self, tensor):
+        if tensor.dtype.is_floating and tensor.dtype != tf.float16:
+            return tf.cast(tensor, tf.float16), tensor.dtype
+        return NoneCompressor.compress(self, tensor)
+
+    def decompress(self, tensor, ctx):
+        return tensor if ctx is None else tf.cast(tensor, ctx)
+
+
+class RegistryCompressor(Compressor):
+    """A compressor of BytePS's C++ registry, chosen by kwargs; tensors travel as float32."""
+
+    def __init__(self, name: str, kwargs: Mapping[str, str]):
+        self.name = name
+        self._kwargs = {k: str(v) for k, v in kwargs.items()}
+
+    def compress(self, tensor):
+        if tensor.dtype.is_floating and tensor.dtype != tf.float32:
+            return tf.cast(tensor, tf.float32), tensor.dtype
+        return NoneCompressor.compress(self, tensor)
+
+    def decompress(self, tensor, ctx):
+        return tensor if ctx is None else tf.cast(tensor, ctx)
+
+    def wire_bytes(self, tensor) -> int:
+        """Bytes of the tensor as BytePS sees it (the float32 copy)."""
+        return int(tensor.shape.num_elements()) * 4
+
+    def kwargs(self, tensor, environ: Optional[Mapping[str, str]] = None):
+        if not tensor.dtype.is_floating or tensor.shape.num_elements() is None:
+            return None
+        if self.wire_bytes(tensor) < min_compress_bytes(environ):
+            return None
+        return dict(self._kwargs)
+
+    def __repr__(self):
+        return f"Compression.{self.name}({', '.join(f'{k}={v}' for k, v in self._kwargs.items())})"
+
+
+class ThcCompressor(RegistryCompressor):
+    """THC: table indices up, integer sums down (docs/ALGORITHM.md); kwargs = config.to_kwargs()."""
+
+    def __init__(self, config: ThcConfig):
+        if not isinstance(config, ThcConfig):
+            raise TypeError(f"config must be a ThcConfig, not {type(config).__name__}")
+        self.config = config
+        super().__init__("thc", config.to_kwargs())
+
+    def __repr__(self):
+        c = self.config
+        return (f"Compression.thc(bits={c.bits}, granularity={c.granularity}, "
+                f"overflow_prob={c.overflow_prob!r}, seed={c.seed}, "
+                f"rotation_block={c.rotation_block}, error_feedback={c.error_feedback})")
+
+    def __eq__(self, other):
+        return isinstance(other, ThcCompressor) and other.config == self.config
+
+    def __hash__(self):
+        return hash(self.config)
+
+
+class Compression:
+    """Optional gradient compression used by DistributedGradientTape, DistributedOptimizer and
+    push_pull: `none`, `fp16`, `thc(...)`, BytePS's `onebit()`, `topk(k)`, `randomk(k)`,
+    `dithering(k)`, or `from_env()` (what bpslaunch --compressor chose)."""
+
+    none = NoneCompressor()
+    fp16 = FP16Compressor()
+
+    @staticmethod
+    def thc(bits: int = 4, granularity: int = 30, overflow_prob: float = 1.0 / 32,
+            seed: int = 42, rotation_block: Optional[int] = None, error_feedback: bool = True,
+            config: Optional[ThcConfig] = None) -> ThcCompressor:
+        """THC with these parameters (or a ready `config`); validated here, before any push."""
+        if config is None:
+            config = ThcConfig(bits=bits, granularity=granularity, overflow_prob=overflow_prob,
+                               seed=seed, rotation_block=rotation_block,
+                               error_feedback=error_feedback)
+        return ThcCompressor(config)
+
+    @staticmethod
+    def onebit(scaling: bool = False, error_feedback: bool = False) -> RegistryCompressor:
+        kw = {"compressor_type": "onebit", "compressor_onebit_scaling": str(bool(scaling)).lower()}
+        if error_feedback:
+            kw["ef_type"] = "vanilla"
+        return RegistryCompressor("onebit", kw)
+
+    @staticmethod
+    def topk(k, error_feedback: bool = False) -> RegistryCompressor:
+        return Compression._k_compressor("topk", k, None, error_feedback)
+
+    @staticmethod
+    def randomk(k, seed: Optional[int] = None, error_feedback: bool = False) -> RegistryCompressor:
+        return Compression._k_compressor("randomk", k, seed, error_feedback)
+
+    @staticmethod
+    def dithering(k, seed: Optional[int] = None, error_feedback: bool = False) -> RegistryCompressor:
+        return Compression._k_compressor("dithering", k, seed, error_feedback)
+
+    @staticmethod
+    def _k_compressor(name, k, seed, error_feedback):
+        kw = {"compressor_type": name, "compressor_k": str(k)}
+        if seed is not None:
+            kw["seed"] = str(seed)
+        if error_feedback:
+            kw["ef_type"] = "vanilla"
+        return RegistryCompressor(name, kw)
+
+    @staticmethod
+    def from_env(environ: Optional[Mapping[str, str]] = None) -> Compressor:
+        """The compressor `bpslaunch --compressor` chose (BYTEPS_COMPRESSOR, BYTEPS_THC_*...)."""
+        env = os.environ if environ is None else environ
+        name = (env.get(ENV_COMPRESSOR) or "none").strip().lower()
+        ef = (env.get(ENV_COMPRESSOR_EF) or "none").strip().lower() == "vanilla"
+        if name == "none":
+            return Compression.none
+        if name == "fp16":
+            return Compression.fp16
+        if name == "thc":
+            return ThcCompressor(ThcConfig.from_env(env))
+        if name == "onebit":
+            return Compression.onebit(error_feedback=ef)
+        if name in ("topk", "randomk", "dithering"):
+            k = env.get(ENV_COMPRESSOR_K)
+            if not k:
+                raise ValueError(f"{ENV_COMPRESSOR}={name} needs {ENV_COMPRESSOR_K}")
+            return getattr(Compression, name)(k, error_feedback=ef)
+        raise ValueError(f"{ENV_COMPRESSOR}={name!r} is not one of none, fp16, thc, onebit, "
+                         "topk, randomk, dithering")
+
+
+def _resolve(compression) -> Compressor:
+    if compression is None:
+        return Compression.from_env()
+    if isinstance(compression, type) and issubclass(compression, Compressor):
+        return compression()
+    if not isinstance(compression, Compressor):
+        raise TypeError(f"compression must be a byteps_thc.tensorflow Compressor (e.g. "
+                        f"bps.Compression.thc()), not {type(compression).__name__}")
+    return compression
+
+
+def _exact_dtype(dtype):
+    """The dtype BytePS's op pushes for `dtype`, holding every value exactly."""
+    dtype = tf.as_dtype(dtype)
+    if dtype in _NATIVE:
+        return dtype
+    if dtype == tf.bfloat16:
+        return tf.float32
+    if dtype.is_floating:
+        return tf.float64
+    if dtype in (tf.bool, tf.int8, tf.uint8, tf.int16, tf.uint16):
+        return tf.int32
+    return tf.int64
+
+
+# ------------------------------------------------------------------------------------------------
+# Names: one per variable, stable for the process; declared once each, in order of first use
+# ------------------------------------------------------------------------------------------------
+class _Names:
+    """Variable -> unique BytePS-friendly name, in order of first use (the same on every worker
+    running the same program). Held by weak reference: a dead variable's name is not reused."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._by_id: Dict[int, tuple] = {}
+        self._taken: set = set()
+
+    def of(self, variable) -> str:
+        with self._lock:
+            key = id(variable)
+            hit = self._by_id.get(key)
+            if hit is not None and hit[0]() is variable:
+                return hit[1]
+            base = _variable_base_name(variable)
+            name, n = base, 0
+            while name in self._taken:
+                n += 1
+                name = f"{base}_{n}"
+            self._taken.add(name)
+            try:
+                ref = weakref.ref(variable)
+            except TypeError:
+                ref = (lambda v=variable: v)
+            self._by_id[key] = (ref, name)
+            return name
+
+
+def _variable_base_name(variable) -> str:
+    name = getattr(variable, "path", None) or getattr(variable, "name", None) or "variable"
+    name = re.sub(r":\d+$", "", str(name))
+    return re.sub(r"[^A-Za-z0-9_./-]", "_", name)
+
+
+def _is_variable(x) -> bool:
+    if isinstance(x, tf.Variable):
+        return True
+    try:
+        import keras
+        return isinstance(x, keras.Variable)
+    except (ImportError, AttributeError):
+        return False
+
+
+_NAMES = _Names()
+_DECLARED: Dict[str, Optional[Dict[str, str]]] = {}
+_DECLARE_LOCK = threading.Lock()
+
+
+def variable_name(variable) -> str:
+    """The stable name byteps-thc gives `variable` (without the Gradient./Parameter. prefix)."""
+    return _NAMES.of(variable)
+
+
+def declared_names() -> List[str]:
+    """Every BytePS name this process declared through this module, in declaration order."""
+    with _DECLARE_LOCK:
+        return list(_DECLARED)
+
+
+def declare(name: str, kwargs: Optional[Mapping[str, str]] = None) -> None:
+    """Declare a BytePS tensor name (once), with compressor kwargs when given.
+
+    Declared before the tensor's first push, in the same order on every worker: BytePS assigns
+    keys in declaration order and sends the kwargs to the server with the first push.
+    """
+    with _DECLARE_LOCK:
+        if name in _DECLARED:
+            if (_DECLARED[name] or None) != (dict(kwargs) if kwargs else None):
+                raise ValueError(f"BytePS tensor {name!r} was declared with compressor kwargs "
+                                 f"{_DECLARED[name]} and is now used with {dict(kwargs or {})}: "
+                                 "use one compression per tensor name")
+            return
+        lib = _ops().TF_LIB_CTYPES
+        fn = getattr(lib, "byteps_tensorflow_declare_tensor_kwargs", None)
+        if fn is None:
+            raise RuntimeError("this BytePS build cannot declare TensorFlow tensors with compressor "
+                               "kwargs (byteps_tensorflow_declare_tensor_kwargs); rebuild it with "
+                               "`make byteps`")
+        items = sorted((kwargs or {}).items())
+        n = len(items)
+        keys = (ctypes.c_char_p * max(n, 1))(*[k.encode() for k, _ in items])
+        vals = (ctypes.c_char_p * max(n, 1))(*[str(v).encode() for _, v in items])
+        fn.restype = ctypes.c_int
+        rc = fn(ctypes.c_char_p(name.encode("ascii")), ctypes.c_int(n), keys, vals)
+        if rc != 0:
+            raise RuntimeError(f"declaring BytePS tensor {name!r} failed ({rc})")
+        _DECLARED[name] = dict(kwargs) if kwargs else None
+
+
+# ------------------------------------------------------------------------------------------------
+# push_pull and broadcast
+# ------------------------------------------------------------------------------------------------
+def _op_name(name: str) -> str:
+    return "BytePSPushPull_" + re.sub(r"[^A-Za-z0-9_]", "_", name)
+
+
+def _push_pull_one(tensor, name: str, compression: Compressor, average: bool):
+    """Declare `name` (first use) and push_pull `tensor` under it; average or sum."""
+    tensor = tf.convert_to_tensor(tensor)
+    declare(name, compression.kwargs(tensor))
+    wire, ctx = compression.compress(tensor)
+    summed = _ops().C_LIB.byteps_push_pull(wire, name=_op_name(name), input_name=name)
+    out = compression.decompress(summed, ctx)
+    if average:
+        n = size()
+        out = out / tf.cast(n, out.dtype) if out.dtype.is_floating else out // n
+    return out
+
+
+_BATCHED: Dict[tuple, object] = {}
+
+
+def _push_pull_list(tensors: Sequence, names: Sequence[str], compression: Compressor,
+                    average: bool) -> list:
+    """push_pull of several tensors, all in flight at once (one tf.function in eager mode)."""
+    if not tensors:
+        return []
+    if not tf.executing_eagerly():
+        return [_push_pull_one(t, n, compression, average) for t, n in zip(tensors, names)]
+    for t, n in zip(tensors, names):  # declare in this order before anything is traced
+        t = tf.convert_to_tensor(t)
+        declare(n, compression.kwargs(t))
+    key = (tuple(names), repr(compression), bool(average))
+    fn = _BATCHED.get(key)
+    if fn is None:
+        fixed = tuple(names)
+
+        def run(ts):
+            return [_push_pull_one(t, n, compression, average) for t, n in zip(ts, fixed)]
+        fn = tf.function(run, autograph=False)
+        _BATCHED[key] = fn
+    return fn([tf.convert_to_tensor(t) for t in tensors])
+
+
+def push_pull(tensor, scope: str = "", average=None, device_dense: str = "",
+              device_sparse: str = "", compression=Compression.none, op=None,
+              enable_async: bool = False, name: Optional[str] = None):
+    """Average (or sum, `op=Sum` / `average=False`) `tensor` over all workers.
+
+    `name`: the BytePS name; required in eager mode for anything but a variable (whose stable
+    name is used). In a tf.function an unnamed tensor is named after its graph tensor.
+    IndexedSlices are pushed dense.
+    """
+    if op is not None and average is not None:
+        raise ValueError("The op parameter supersedes average. Please provide only one of them.")
+    if op is None:
+        op = Average if average is None or average else Sum
+    if op not in (Average, Sum):
+        raise ValueError(f"op={op!r}: byteps-thc supports Average and Sum")
+    compression = _resolve(compression)
+    if name is None:
+        if _is_variable(tensor):
+            name = "Tensor." + variable_name(tensor)
+        elif tf.executing_eagerly():
+            raise ValueError(
+                "push_pull of an unnamed tensor in eager mode: pass name= (a stable name, the same "
+                "on every worker); without one every call would create a new BytePS key")
+        else:
+            name = scope + "BytePSPushPull_" + re.sub(r"[^A-Za-z0-9_]", "_", tensor.name)
+    if isinstance(tensor, tf.IndexedSlices):
+        tensor = tf.convert_to_tensor(tensor)
+    with tf.device(device_dense):
+        return _push_pull_one(tensor, name, compression,
+                              average=(op == Average and not enable_async))
+
+
+def _broadcast_list(tensors: Sequence, names: Sequence[str], root_rank: int) -> list:
+    """Values of `root_rank`: push_pull of the sum with zeros elsewhere, always uncompressed
+    (x + 0 is exact), in a dtype that holds every value exactly."""
+    me = rank()
+    wires, dtypes = [], []
+    for t in tensors:
+        t = tf.convert_to_tensor(t)
+        dtypes.append(t.dtype)
+        w = tf.cast(t, _exact_dtype(t.dtype))
+        wires.append(w if me == root_rank else tf.zeros_like(w))
+    out = _push_pull_list(wires, names, Compression.none, average=False)
+    return [tf.cast(o, d) for o, d in zip(out, dtypes)]
+
+
+def broadcast(tensor, root_rank: int, scope: str = "", name: Optional[str] = None,
+              is_variable: bool = True):
+    """`root_rank`'s value of `tensor` on every worker (the tensor itself is not changed)."""
+    if name is None:
+        if _is_variable(tensor):
+            name = "Parameter." + variable_name(tensor)
+        elif tf.executing_eagerly():
+            raise ValueError("broadcast of an unnamed tensor in eager mode: pass name=")
+        else:
+            name = scope + "BytePSBroadcast_" + re.sub(r"[^A-Za-z0-9_]", "_", tensor.name)
+    if size() <= 1:
+        return tf.convert_to_tensor(tensor)
+    return _broadcast_list([tensor], [name], root_rank)[0]
+
+
+def broadcast_variables(variables, root_rank: int, scope: str = "", prefix: str = "Parameter."):
+    """Assign `root_rank`'s values to `variables` on every worker (model and optimizer variables,
+    any dtype). Eager: done on return. In a tf.function: returns the op that does it."""
+    variables = [v for v in variables]
+    if size() <= 1 or not variables:
+        return tf.group() if not tf.executing_eagerly() else None
+    names = [prefix + variable_name(v) for v in variables]
+    values = _broadcast_list([tf.convert_to_tensor(v) for v in variables], names, root_rank)
+    assigns = [v.assign(x) for v, x in zip(variables, values)]
+    if tf.executing_eagerly():
+        return None
+    return tf.group(*[a for a in assigns if a is not None])
+
+
+def broadcast_global_variables(root_rank: int):
+    raise RuntimeError("bps.broadcast_global_variables() is TF1 graph API; with TensorFlow 2 use "
+                       "bps.broadcast_variables(model.variables, root_rank) or "
+                       "bps.BroadcastGlobalVariablesCallback(root_rank) with model.fit")
+
+
+def _push_pull_grads(grads: list, sources: list, compression: Compressor, average: bool,
+                     prefix: str = "Gradient.") -> list:
+    """push_pull every gradient under its source's stable name (None gradients stay None)."""
+    todo, names = [], []
+    for i, (g, s) in enumerate(zip(grads, sources)):
+        if g is None:
+            continue
+        if isinstance(g, tf.IndexedSlices):
+            g = tf.convert_to_tensor(g)
+        name = variable_name(s) if _is_variable(s) else f"source.{i}"
+        todo.append((i, g))
+        names.append(prefix + name)
+    reduced = _push_pull_list([g for _, g in todo], names, compression, average)
+    out = list(grads)
+    for (i, _), r in zip(todo, reduced):
+        out[i] = r
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# DistributedGradientTape
+# ------------------------------------------------------------------------------------------------
+class _DistributedGradientTape:
+    """Wraps a tf.GradientTape: gradient() returns gradients averaged over all workers.
+
+    Everything else (watch, stop_recording, jacobian, ...) is the wrapped tape's; it can also be
+    used as the context manager itself: `with bps.DistributedGradientTape(tf.GradientTape()) as t:`.
+    """
+
+    def __init__(self, tape, compression, op, prefix):
+        self._bps_tape = tape
+        self._bps_compression = compression
+        self._bps_average = op == Average
+        self._bps_prefix = prefix
+
+    def __enter__(self):
+        self._bps_tape.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self._bps_tape.__exit__(*exc)
+
+    def __getattr__(self, attr):
+        return getattr(self._bps_tape, attr)
+
+    def gradient(self, target, sources, output_gradients=None,
+                 unconnected_gradients=tf.UnconnectedGradients.NONE):
+        grads = self._bps_tape.gradient(target, sources, output_gradients,
+                                        unconnected_gradients=unconnected_gradients)
+        if size() <= 1:
+            return grads
+        flat_sources = tf.nest.flatten(sources)
+        flat_grads = tf.nest.flatten(grads)
+        reduced = _push_pull_grads(flat_grads, flat_sources, self._bps_compression,
+                                   self._bps_average, self._bps_prefix)
+        return tf.nest.pack_sequence_as(grads, reduced)
+
+
+def DistributedGradientTape(gradtape, device_dense: str = "", device_sparse: str = "",
+                            compression=None, sparse_as_dense: bool = True, op=Average,
+                            prefix: str = "Gradient."):
+    """A tape whose gradient() averages the gradients over all workers.
+
+    `compression`: `Compression.thc(...)` etc.; default: what `bpslaunch --compressor` chose.
+    Each gradient travels under its variable's stable name (`prefix` + variable_name(var)); a
+    gradient of a watched plain tensor is named by its position in `sources`. Sparse gradients
+    (IndexedSlices) are pushed dense. Works in eager mode and inside tf.function.
+    """
+    if op not in (Average, Sum):
+        raise ValueError(f"op={op!r}: byteps-thc supports Average and Sum")
+    return _DistributedGradientTape(gradtape, _resolve(compression), op, prefix)
+
+
+# ------------------------------------------------------------------------------------------------
+# Keras 3 DistributedOptimizer and callbacks
+# ------------------------------------------------------------------------------------------------
+class _DistributedKerasOptimizer:
+    """Mixed in front of the user's Keras 3 optimizer class: apply() (which apply_gradients and
+    model.fit call) averages the gradients over all workers first."""
+
+    def apply(self, grads, trainable_variables=None):
+        grads = list(grads)
+        if grads and size() > 1:
+            if trainable_variables is None:
+                variables = list(self._trainable_variables)
+            else:
+                trainable_variables = list(trainable_variables)
+                variables = trainable_variables
+            grads = _push_pull_grads(grads, variables, self._bps_compression,
+                                     self._bps_average, self._bps_prefix)
+        return super().apply(grads, trainable_variables)
+
+
+def DistributedOptimizer(optimizer, name: Optional[str] = None, use_locking: bool = False,
+                         device_dense: str = "", device_sparse: str = "", compression=None,
+                         sparse_as_dense: bool = True, backward_passes_per_step: int = 1,
+                         op=Average, prefix: str = "Gradient."):
+    """Wrap a Keras 3 optimizer: every apply()/apply_gradients() (custom loops and model.fit)
+    first averages the gradients over all workers, each under its variable's stable name.
+
+    Wrap the optimizer before it is built (it is re-created from its config); the result is an
+    instance of a subclass of the optimizer's class with the same class name, so saved models
+    load without BytePS. With model.fit, compile with `jit_compile=False` on GPU machines (the
+    BytePS op has no XLA kernel). `compression`: default what `bpslaunch --compressor` chose.
+    """
+    import keras
+    if not isinstance(optimizer, keras.optimizers.Optimizer):
+        raise ValueError(f"{type(optimizer).__name__} is not a Keras 3 optimizer "
+                         "(keras.optimizers.Optimizer); for other training loops use "
+                         "bps.DistributedGradientTape")
+    if backward_passes_per_step != 1:
+        raise ValueError("backward_passes_per_step > 1: use the Keras optimizer's own "
+                         "gradient_accumulation_steps")
+    if op not in (Average, Sum):
+        raise ValueError(f"op={op!r}: byteps-thc supports Average and Sum")
+    base = type(optimizer)
+    if isinstance(optimizer, _DistributedKerasOptimizer):
+        raise ValueError("the optimizer is already a DistributedOptimizer")
+    cls = type(base.__name__, (_DistributedKerasOptimizer, base),
+               {"__module__": base.__module__, "__qualname__": base.__qualname__})
+    config = optimizer.get_config()
+    if name is not None:
+        config["name"] = name
+    opt = cls.from_config(config)
+    opt._bps_compression = _resolve(compression)
+    opt._bps_average = op == Average
+    opt._bps_prefix = prefix
+    return opt
+
+
+def _keras_callback_base():
+    import keras
+    return keras.callbacks.Callback
+
+
+class BroadcastGlobalVariablesCallback(_keras_callback_base()):
+    """Keras callback: at the start of training, every worker takes `root_rank`'s model (and
+    built optimizer) variables, so that all workers start from the same state."""
+
+    def __init__(self, root_rank: int = 0, device: str = ""):
+        super().__init__()
+        self.root_rank = root_rank
+        self.device = device
+
+    def on_train_begin(self, logs=None):
+        if size() <= 1:
+            return
+        with tf.device(self.device):
+            broadcast_variables(self.model.variables, self.root_rank)
+            opt = getattr(self.model, "optimizer", None)
+            if opt is not None and getattr(opt, "built", False):
+                broadcast_variables(opt.variables, self.root_rank)
+
+
+class MetricAverageCallback(_keras_callback_base()):
+    """Keras callback: epoch-end metrics (logs) averaged over all workers."""
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is None or size() <= 1:
+            return
+        keys = sorted(k for k, v in logs.items() if isinstance(v, (int, float)))
+        if not keys:
+            return
+        values = [tf.constant(float(logs[k]), tf.float64) for k in keys]
+        out = _push_pull_list(values, ["Metric." + k for k in keys], Compression.none, True)
+        for k, v in zip(keys, out):
+            logs[k] = float(v.numpy())
+
+
+__all__ = ["Compression", "Compressor", "NoneCompressor", "FP16Compressor", "RegistryCompressor",
+           "ThcCompressor", "push_pull", "broadcast", "broadcast_variables",
+           "broadcast_global_variables", "DistributedGradientTape", "DistributedOptimizer",
+           "BroadcastGlobalVariablesCallback", "MetricAverageCallback", "declare",
+           "declared_names", "variable_name", "min_compress_bytes", "Average", "Sum"]

@@ -1,0 +1,174 @@
+"""TensorFlow 2 / Keras 3 training through the real BytePS pipeline on a `bpslaunch --local 2` cluster.
+
+One cluster runs one worker script (WORKER below) that trains the digits MLP of
+example/tensorflow/train_digits.py six times (eager, tf.function and model.fit, each with THC and
+uncompressed; every model has its own variables, so its own BytePS names) and then pushes
+two tensors under one name. The tests read its report:
+
+- each style trains with THC to within 2 points of uncompressed, and both workers end with
+  bit-identical weights (THC and none);
+- the THC gradients went through the compressor registry (declared with THC's kwargs) under one
+  stable name per variable;
+- two tensors under one name with different sizes or dtypes get the clear error naming both,
+  the worker goes on, and no process aborts.
+
+Skipped, with the reason, when TensorFlow or the fork's TF plugin is not installed (`make byteps`
+builds the plugin when TensorFlow is importable). The cluster is bounded in time (the launcher's
+--timeout and the subprocess timeout): a failure never hangs.
+"""
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+EXAMPLE = os.path.join(ROOT, "example", "tensorflow", "train_digits.py")
+MODES = ("eager", "function", "fit")
+
+WORKER = """
+import importlib.util, json, sys
+import tensorflow as tf
+import byteps.tensorflow as bps
+from byteps_thc import tensorflow as btf
+
+bps.init()
+spec = importlib.util.spec_from_file_location("train_digits", %(example)r)
+ex = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(ex)
+args = ex.parse_args(sys.argv[1:])
+data = ex.load_digits_split(args.seed)
+
+
+def report(kind, **kw):
+    print("REPORT " + json.dumps(dict(kind=kind, **kw)), flush=True)
+
+
+for mode in %(modes)r:
+    for comp_name, comp in (("thc", bps.Compression.thc()), ("none", bps.Compression.none)):
+        name = "mlp_%%s_%%s" %% (mode, comp_name)
+        r = ex.train(bps, args, mode, comp, data, name=name,
+                     log=lambda line: print(name, line, flush=True))
+        grads = [n for n in btf.declared_names() if n.startswith("Gradient.%%s/" %% name)]
+        thc = [n for n in grads if (btf._DECLARED[n] or {}).get("compressor_type") == "thc"]
+        report("%%s-%%s" %% (mode, comp_name), accuracy=r["accuracy"], digest=r["digest"],
+               gradient_names=len(grads), thc_names=len(thc),
+               trainable_variables=r["trainable_variables"])
+
+# one name, two tensors: a clear error on this worker, never an abort; the cluster goes on
+bps.push_pull(tf.ones(10), name="dup.size", average=False)
+bps.push_pull(tf.ones(10), name="dup.dtype", average=False)
+errors = {}
+for key, tensor in (("size", tf.ones(20)), ("dtype", tf.ones(10, tf.int32))):
+    try:
+        bps.push_pull(tensor, name="dup." + key, average=False)
+        errors[key] = ("no error", "")
+    except tf.errors.OpError as e:
+        errors[key] = (type(e).__name__, e.message)
+after = bps.push_pull(tf.ones(4), name="after", average=False).numpy().tolist()
+report("mismatch", size_type=errors["size"][0], size_error=errors["size"][1],
+       dtype_type=errors["dtype"][0], dtype_error=errors["dtype"][1], after=after)
+bps.shutdown()
+"""
+
+
+def tf_plugin_missing():
+    """Why the TF tests cannot run, or None. Found, not imported (no TF in the test process)."""
+    if importlib.util.find_spec("tensorflow") is None:
+        return "tensorflow is not installed"
+    spec = importlib.util.find_spec("byteps")
+    if spec is None or not spec.submodule_search_locations:
+        return "BytePS fork not installed (make byteps)"
+    pkg = list(spec.submodule_search_locations)[0]
+    for sub in ("server", "tensorflow"):
+        d = os.path.join(pkg, sub)
+        if not (os.path.isdir(d) and any(f.startswith("c_lib") and f.endswith(".so")
+                                         for f in os.listdir(d))):
+            return (f"the fork's {sub} plugin is not built (make byteps; see the TensorFlow "
+                    "lines of its build log)")
+    return None
+
+
+_MISSING = tf_plugin_missing()
+pytestmark = pytest.mark.skipif(_MISSING is not None, reason=str(_MISSING))
+
+
+def run_cluster(worker, args, timeout):
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([ROOT] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    for k in [k for k in env if k.startswith(("BYTEPS_", "DMLC_"))]:
+        env.pop(k)
+    env.update({"TF_CPP_MIN_LOG_LEVEL": "2", "KERAS_BACKEND": "tensorflow",
+                "TF_NUM_INTEROP_THREADS": "2", "TF_NUM_INTRAOP_THREADS": "1"})
+    t0 = time.monotonic()
+    p = subprocess.run([sys.executable, "-m", "byteps_thc.launch", "--local", "2",
+                        "--timeout", str(timeout - 20), "--", sys.executable, worker] + list(args),
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    return p.returncode, p.stdout, p.stderr, time.monotonic() - t0
+
+
+def reports(out):
+    """{(worker, kind): payload} from the workers' `REPORT <json>` lines."""
+    got = {}
+    for w, payload in re.findall(r"\[worker (\d)\] REPORT (\{.*\})", out):
+        r = json.loads(payload)
+        got[(int(w), r.pop("kind"))] = r
+    return got
+
+
+@pytest.fixture(scope="module")
+def cluster_run(tmp_path_factory):
+    worker = tmp_path_factory.mktemp("tf") / "worker.py"
+    worker.write_text(WORKER % {"example": EXAMPLE, "modes": MODES})
+    code, out, err, took = run_cluster(str(worker), ["--epochs", "5"], timeout=420)
+    assert code == 0, f"exit {code} after {took:.0f}s\n{out[-6000:]}\n{err[-3000:]}"
+    got = reports(out)
+    assert len(got) == 2 * (2 * len(MODES) + 1), out[-4000:]
+    return got, out
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_thc_within_two_points_of_uncompressed(cluster_run, mode):
+    got, _ = cluster_run
+    thc, none = got[(0, f"{mode}-thc")], got[(0, f"{mode}-none")]
+    assert none["accuracy"] > 0.9, none
+    assert thc["accuracy"] >= none["accuracy"] - 0.02, (thc, none)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("compressor", ["thc", "none"])
+def test_workers_end_bit_identical(cluster_run, mode, compressor):
+    got, _ = cluster_run
+    r0, r1 = got[(0, f"{mode}-{compressor}")], got[(1, f"{mode}-{compressor}")]
+    assert r0["digest"] == r1["digest"] and r0["accuracy"] == r1["accuracy"], (r0, r1)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_thc_through_the_registry_under_stable_names(cluster_run, mode):
+    got, _ = cluster_run
+    for w in (0, 1):
+        thc, none = got[(w, f"{mode}-thc")], got[(w, f"{mode}-none")]
+        # one gradient name per trainable variable, however many steps (no per-step names)
+        assert thc["gradient_names"] == thc["trainable_variables"] == 6, thc
+        assert none["gradient_names"] == 6, none
+        # the two large kernels (64x512, 512x512) are declared with THC's kwargs; the rest is
+        # under BYTEPS_MIN_COMPRESS_BYTES and travels uncompressed
+        assert thc["thc_names"] == 2 and none["thc_names"] == 0, (thc, none)
+
+
+def test_name_reused_with_another_size_or_dtype_is_a_clear_error(cluster_run):
+    got, out = cluster_run
+    for w in (0, 1):
+        r = got[(w, "mismatch")]
+        size_err, dtype_err = r["size_error"], r["dtype_error"]
+        assert "'dup.size'" in size_err and "float32 (40 bytes)" in size_err \
+            and "float32[20] (80 bytes)" in size_err, size_err
+        assert "'dup.dtype'" in dtype_err and "float32 (40 bytes)" in dtype_err \
+            and "int32[10] (40 bytes)" in dtype_err, dtype_err
+        assert "InvalidArgument" in r["size_type"], r
+        assert r["after"] == [2.0] * 4, r  # the cluster still works afterwards
+    assert "Check failed" not in out and "core dumped" not in out
