@@ -67,7 +67,8 @@ void RegisterCuda(py::module_& parent) {
   m.attr("STATUS_NON_FINITE_INPUT") = kStatusNonFiniteInput;
   m.attr("STATUS_NON_FINITE_NORM") = kStatusNonFiniteNorm;
 
-  py::class_<Code>(m, "Code")
+  // module_local: the CPU-emulation test module binds the same C++ type in the same process.
+  py::class_<Code>(m, "Code", py::module_local())
       .def(py::init(&MakeCode), py::arg("bits"), py::arg("granularity"), py::arg("clip"),
            py::arg("seed"), py::arg("rotation_block"), py::arg("table"),
            py::arg("fused_max_log") = 14, py::arg("column_max_bits") = 11,
