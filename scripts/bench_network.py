@@ -596,6 +596,26 @@ def plot(records: Sequence[dict], outdir: str) -> List[str]:
     return written
 
 
+def report(records: List[dict], a: argparse.Namespace) -> None:
+    """The table, the advisor's accuracy, and the plots and JSON asked for."""
+    print()
+    print(table(records))
+    replay_ok = [r for r in records if r.get("kind") == "replay" and r["status"] == "ok"]
+    if replay_ok:
+        errs = [abs(r["prediction_error"]) for r in replay_ok]
+        within = sum(e <= 0.25 for e in errs)
+        print(f"\nadvisor: {within}/{len(errs)} replay runs within 25% "
+              f"(median |error| {statistics.median(errs):.0%}, max {max(errs):.0%})")
+    if a.plot and records:
+        for p in plot(records, a.plot):
+            log(f"wrote {p}")
+    if a.json and a.from_json:
+        with open(a.json, "w") as f:
+            json.dump(records, f, indent=1)
+    if a.json:
+        log(f"wrote {a.json} ({len(records)} records)")
+
+
 # ------------------------------------------------------------------------------------------------
 # Main
 # ------------------------------------------------------------------------------------------------
@@ -653,6 +673,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--json", metavar="PATH", help="write one record per run")
     ap.add_argument("--plot", metavar="DIR", help="write PNG plots here")
     ap.add_argument("--logdir", default=None, help="keep the processes' logs here")
+    ap.add_argument("--from-json", metavar="PATHS",
+                    help="run nothing: print the table and write --plot/--json from these "
+                         "earlier --json outputs (comma-separated; merged in order)")
     ap.add_argument("--replay-worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--model", default="resnet50", help=argparse.SUPPRESS)
     return ap.parse_args(argv)
@@ -662,6 +685,13 @@ def main(argv=None) -> int:
     a = parse_args(argv)
     if a.replay_worker:
         return replay_worker(a)
+    if a.from_json:
+        records = []
+        for path in a.from_json.split(","):
+            with open(path) as f:
+                records += json.load(f)
+        report(records, a)
+        return 0
     why = preflight()
     if why:
         print(f"bench_network: cannot run: {why}", file=sys.stderr)
@@ -746,19 +776,7 @@ def main(argv=None) -> int:
     save()
     if skipped:
         log(f"time budget spent: skipped {len(skipped)} runs: {', '.join(skipped)}")
-    print()
-    print(table(records))
-    replay_ok = [r for r in records if r.get("kind") == "replay" and r["status"] == "ok"]
-    if replay_ok:
-        errs = [abs(r["prediction_error"]) for r in replay_ok]
-        within = sum(e <= 0.25 for e in errs)
-        print(f"\nadvisor: {within}/{len(errs)} replay runs within 25% "
-              f"(median |error| {statistics.median(errs):.0%}, max {max(errs):.0%})")
-    if a.plot and records:
-        for p in plot(records, a.plot):
-            log(f"wrote {p}")
-    if a.json:
-        log(f"wrote {a.json} ({len(records)} records)")
+    report(records, a)
     return 130 if interrupted else 0
 
 
