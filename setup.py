@@ -80,6 +80,7 @@ class BuildExt(build_ext):
             for e in self.extensions:
                 objs, link_args, macros = cuda_objects(nvcc, Path(self.build_temp), ROOT)
                 e.extra_objects = list(e.extra_objects or []) + objs
+                e.depends = list(e.depends or []) + [str(o) for o in objs]  # relink on CUDA changes
                 e.extra_link_args = list(e.extra_link_args or []) + link_args
                 e.define_macros = list(e.define_macros or []) + macros
         super().build_extensions()
@@ -91,6 +92,9 @@ def extension():
         "byteps_thc._C",
         sources=core_sources(),
         include_dirs=[str(ROOT / "csrc"), pybind11.get_include()],
+        # headers and CUDA sources: a change to any of them rebuilds the extension
+        depends=sorted(str(p.relative_to(ROOT)) for pat in ("*.h", "*.cuh", "*.cu")
+                       for p in (ROOT / "csrc").rglob(pat) if "byteps" not in p.parts),
         extra_compile_args=COMMON,
         language="c++",
     )

@@ -167,6 +167,7 @@ class ThcCodec:
         self.block = geo["block"]            # rotation block actually used
         self.padded = geo["padded"]          # d_pad
         self.payload_bytes = geo["payload_bytes"]
+        self._device = None                  # CudaCodec, once a CUDA tensor came (see _on_device)
 
     def __repr__(self) -> str:
         return (f"ThcCodec(size={self.size}, rank={self.rank}, block={self.block}, "
@@ -175,29 +176,62 @@ class ThcCodec:
     # -- state -------------------------------------------------------------------------------
     @property
     def step(self) -> int:
-        return self._enc.step
+        return self._device.step if self._device is not None else self._enc.step
 
     @step.setter
     def step(self, value: int) -> None:
-        self._enc.step = _check_int("step", value, 0, (1 << 40) - 1)
+        value = _check_int("step", value, 0, (1 << 40) - 1)
+        if self._device is not None:
+            self._device.step = value
+        self._enc.step = value
 
     @property
     def residual(self) -> Optional[np.ndarray]:
         """A copy of the error-feedback residual (size floats), or None without error feedback."""
+        if self._device is not None and self._device.residual is not None:
+            return self._device.residual.cpu().numpy()
         return self._enc.residual
 
     def reset_residual(self) -> None:
+        if self._device is not None:
+            self._device.reset_residual()
         self._enc.reset_residual()
 
     # -- the codec ---------------------------------------------------------------------------
+    def _on_device(self, x, what: str):
+        """The CUDA twin of this codec when x is a CUDA tensor (created on first use, with this
+        codec's step and residual moved over), else None. Everything then stays on the device."""
+        if not (_is_torch_tensor(x) and x.is_cuda):
+            return None
+        if not getattr(_C, "with_cuda", False):
+            _cuda_unavailable(what)
+        dev = self._device
+        if dev is None:
+            from . import cuda
+            dev = cuda.CudaCodec(self.config, self.size, self.rank, device=x.device)
+            dev.step = self.step
+            res = self.residual
+            if res is not None and res.any():
+                dev.residual.copy_(__import__("torch").from_numpy(res))
+            self._device = dev
+        elif dev.device != x.device:
+            raise ValueError(f"{what} is on {x.device}, but this codec's state lives on {dev.device}")
+        return dev
+
     def norm(self, x) -> float:
         """||x + residual||_2 (binary64 accumulation); the norm round takes the max over workers."""
+        dev = self._on_device(x, "x")
+        if dev is not None:
+            return dev.norm(x)
         return self._enc.norm(_float_vector(x, "x", self.size))
 
     def encode(self, x, max_norm, out: Optional[np.ndarray] = None) -> np.ndarray:
         """The packed b-bit indices (payload_bytes uint8). Advances the step; on error nothing
         changes (step and residual are kept). `out`: an optional uint8 array of payload_bytes
         to write into (no allocation); it is returned."""
+        dev = self._on_device(x, "x")
+        if dev is not None:
+            return dev.encode(x, max_norm, out)
         xv = _float_vector(x, "x", self.size)
         return self._enc.encode(xv, _check_norm(max_norm), out)
 
@@ -208,6 +242,9 @@ class ThcCodec:
         size elements to write into; it is returned."""
         n = _check_int("num_workers", num_workers, 1, (1 << 32) - 1)
         self.config.lane_bits(n)  # raises when n*g overflows a 32-bit lane
+        dev = self._on_device(sums, "sums")
+        if dev is not None:
+            return dev.decode(sums, max_norm, n, out)
         s = _int_vector(sums, "sums", ("uint8", "uint16", "uint32"))
         return _C.decode(self._core, self.size, s, n, _check_norm(max_norm), out)
 
@@ -223,6 +260,7 @@ class ThcAggregator:
         self._agg = _C.Aggregator(_core_config(cfg), self.size, self.num_workers)
         self.payload_bytes = self._agg.geometry["payload_bytes"]
         self.padded = self._agg.geometry["padded"]
+        self._device = None  # CudaAggregator, once CUDA payloads come
 
     def __repr__(self) -> str:
         return (f"ThcAggregator(size={self.size}, num_workers={self.num_workers}, "
@@ -231,14 +269,33 @@ class ThcAggregator:
     @property
     def count(self) -> int:
         """Payloads added since the last reset."""
-        return self._agg.count
+        return self._device.count if self._device is not None else self._agg.count
 
     def add(self, payload) -> None:
+        if _is_torch_tensor(payload) and payload.is_cuda:
+            if not getattr(_C, "with_cuda", False):
+                _cuda_unavailable("payload")
+            if self._device is None:
+                if self.count:
+                    raise ValueError("payload is a CUDA tensor, but this aggregator already holds "
+                                     f"{self.count} CPU payloads: keep one aggregator on one device")
+                from . import cuda
+                self._device = cuda.CudaAggregator(self.config, self.size, self.num_workers,
+                                                   device=payload.device)
+            self._device.add(payload)
+            return
+        if self._device is not None:
+            raise ValueError("this aggregator sums on the GPU: pass CUDA payloads")
         self._agg.add(_int_vector(payload, "payload", ("uint8",)))
 
-    def result(self) -> np.ndarray:
-        """A copy of the sums: `padded` lanes of uint8 / uint16 / uint32 (lane width by n*g)."""
+    def result(self):
+        """The sums: `padded` lanes of uint8 / uint16 / uint32 (lane width by n*g); a NumPy copy,
+        or the device tensor when the payloads were CUDA tensors."""
+        if self._device is not None:
+            return self._device.result()
         return self._agg.result()
 
     def reset(self) -> None:
+        if self._device is not None:
+            self._device.reset()
         self._agg.reset()

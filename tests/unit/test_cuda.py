@@ -305,6 +305,32 @@ def test_round_homomorphic():
     assert np.max(np.abs(got - want)) <= 1e-5 * scale
 
 
+@needs_gpu
+def test_public_api_keeps_cuda_tensors_on_the_device():
+    """ThcCodec / ThcAggregator given CUDA tensors run the CUDA kernels and return CUDA tensors."""
+    from byteps_thc import ThcAggregator, ThcCodec
+    cfg = ThcConfig()
+    d, n = 5000, 2
+    grads = [torch.from_numpy(np.random.default_rng(i).standard_normal(d).astype(np.float32)).cuda()
+             for i in range(n)]
+    codecs = [ThcCodec(cfg, d, rank=i) for i in range(n)]
+    m = max(c.norm(g) for c, g in zip(codecs, grads))
+    agg = ThcAggregator(cfg, d, n)
+    for c, g in zip(codecs, grads):
+        p = c.encode(g, m)
+        assert p.is_cuda
+        agg.add(p)
+    sums = agg.result()
+    assert sums.is_cuda
+    out = codecs[0].decode(sums, m, n)
+    assert out.is_cuda and codecs[0].step == 1
+    twin = thc_cuda.CudaCodec(cfg, d, 0)
+    twin.norm(grads[0])
+    ref = thc_cuda.aggregate(cfg, [twin.encode(grads[0], m),
+                                   thc_cuda.CudaCodec(cfg, d, 1).encode(grads[1], m)], d, n)
+    assert torch.equal(ref, sums)
+
+
 # -- without a GPU: the kernels' own code under a CPU emulation --------------------------------------
 # csrc/thc/cuda/emulate.h runs tile.cuh's kernels with one std::thread per CUDA thread and a barrier
 # for __syncthreads; launch.cu (planning, passes, chunks) and the bindings are compiled unchanged.
