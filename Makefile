@@ -31,10 +31,14 @@ $(EXT): $(VENV) setup.py $(shell find csrc/thc csrc/python -type f 2>/dev/null)
 test-unit: ext
 	$(PY) -m pytest -q tests/unit
 
-test: ext
+# The BytePS fork (scripts/build_byteps.sh: cached, rebuilds only when its inputs change).
+byteps: $(VENV)
+	@nice scripts/build_byteps.sh
+
+test: ext byteps
 	$(PY) -m pytest -q tests
 
-demo: ext
+demo: ext byteps
 	$(PY) scripts/demo.py
 
 bench: ext

@@ -1,0 +1,184 @@
+#!/usr/bin/env bash
+# Build and install the BytePS fork of byteps-thc into .venv/:
+#   the pinned byteps==0.2.5.post15 sdist (downloaded with pip, sha256-checked)
+#   + our patch series csrc/byteps/patches/*.patch (applied in name order)
+#   + our sources: every file under csrc/byteps/src/ (same relative path in the tree)
+#     and the codec core csrc/thc/*.{h,cc} (into thc/ of the tree)
+# -> the server and the PyTorch plugin, built in .cache/byteps/build/ and installed with pip.
+#
+# Cached and idempotent: a stamp keyed on the sdist hash, the patches, our sources, this script,
+# the mode and the Python/torch versions; nothing is rebuilt while the key is unchanged.
+# Offline apart from the package index: ZeroMQ comes from the tarball the sdist bundles.
+#
+# Usage: scripts/build_byteps.sh [--server-only] [--target DIR] [--force]
+#        scripts/build_byteps.sh --devtree DIR     # git tree: pristine sdist + one commit a patch
+#        scripts/build_byteps.sh --export DIR      # rewrite the patch series from that tree
+# Environment:
+#   BYTEPS_THC_CPU_ONLY=1|0  force the CPU-only worker (1) or the CUDA/NCCL worker (0). Unset: CUDA
+#                            only when torch is built with CUDA *and* sees a GPU (driver + device);
+#                            an installed nvcc alone does not count (CI has nvcc and no GPU).
+#   BYTEPS_BUILD_JOBS=N      parallel compiles (default 2).  PY=...  the Python to build for.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+PY="${PY:-$ROOT/.venv/bin/python}"
+SDIST_VERSION="0.2.5.post15"
+SDIST="byteps-$SDIST_VERSION.tar.gz"
+SDIST_SHA256="9d6a3c5be4c4b5a172739744bb32725c433f9a9f63794e1885e7376ff4eea99f"
+SDIST_SIZE=4568030
+PATCHES="$ROOT/csrc/byteps/patches"
+SRC="$ROOT/csrc/byteps/src"
+CORE="$ROOT/csrc/thc"
+CACHE="$ROOT/.cache/byteps"
+export BYTEPS_BUILD_JOBS="${BYTEPS_BUILD_JOBS:-2}"
+
+log() { echo "[build_byteps] $*" >&2; }
+die() { echo "[build_byteps] error: $*" >&2; exit 1; }
+
+server_only=0; target=""; force=0; devtree=""; export_dir=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --server-only) server_only=1 ;;
+    --target) target="$(mkdir -p "$2" && cd "$2" && pwd)"; shift ;;
+    --force) force=1 ;;
+    --devtree) devtree="$2"; shift ;;
+    --export) export_dir="$2"; shift ;;
+    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    *) die "unknown argument $1" ;;
+  esac
+  shift
+done
+
+# ---- the pinned sdist ------------------------------------------------------------------------
+fetch_sdist() {
+  mkdir -p "$CACHE/dist"
+  local f="$CACHE/dist/$SDIST"
+  if [ ! -f "$f" ] || [ "$(sha256sum "$f" | cut -d' ' -f1)" != "$SDIST_SHA256" ]; then
+    rm -f "$f"
+    log "downloading byteps==$SDIST_VERSION (sdist) from the package index"
+    "$PY" -m pip download -q --disable-pip-version-check --no-deps --no-binary :all: \
+      "byteps==$SDIST_VERSION" -d "$CACHE/dist" > "$CACHE/dist/pip.log" 2>&1 ||
+      { cat "$CACHE/dist/pip.log" >&2; die "pip download failed"; }
+  fi
+  [ "$(stat -c %s "$f")" = "$SDIST_SIZE" ] || die "$SDIST: wrong size"
+  [ "$(sha256sum "$f" | cut -d' ' -f1)" = "$SDIST_SHA256" ] || die "$SDIST: sha256 mismatch"
+  echo "$f"
+}
+
+patch_list() { find "$PATCHES" -maxdepth 1 -name '[0-9][0-9][0-9][0-9]-*.patch' | sort; }
+
+# ---- patch maintenance: --devtree / --export ---------------------------------------------------
+if [ -n "$devtree" ]; then
+  sdist="$(fetch_sdist)"
+  [ ! -e "$devtree" ] || die "$devtree exists"
+  mkdir -p "$devtree"
+  tar --no-same-owner -xzf "$sdist" -C "$devtree" --strip-components=1
+  cd "$devtree"
+  git init -q && git add -A && git -c user.name=byteps-thc -c user.email=byteps-thc@localhost \
+    commit -qm "byteps $SDIST_VERSION sdist (pristine)" && git tag pristine
+  for p in $(patch_list); do
+    git apply --whitespace=nowarn "$p" || die "$(basename "$p") does not apply"
+    git add -A
+    { basename "$p"; echo; sed -n '/^Subject: /,/^---$/p' "$p" | sed '1s/^Subject: \(\[PATCH\] \)\{0,1\}//;$d'; } |
+      git -c user.name=byteps-thc -c user.email=byteps-thc@localhost commit -q -F -
+  done
+  log "dev tree ready in $devtree: one commit a patch (subject = patch file name), tag 'pristine'"
+  exit 0
+fi
+if [ -n "$export_dir" ]; then
+  cd "$export_dir"
+  for c in $(git rev-list --reverse pristine..HEAD); do
+    name="$(git log -1 --format=%s "$c")"
+    [[ "$name" =~ ^[0-9]{4}-[A-Za-z0-9._-]+\.patch$ ]] || die "commit $c: subject must be NNNN-name.patch, is '$name'"
+    git format-patch -1 "$c" -U1 --no-signature --zero-commit --no-stat --stdout > "$PATCHES/$name"
+    log "wrote csrc/byteps/patches/$name"
+  done
+  exit 0
+fi
+
+# ---- mode and cache key ----------------------------------------------------------------------
+[ -x "$PY" ] || die "$PY not found (run make venv)"
+if [ -z "${BYTEPS_THC_CPU_ONLY:-}" ]; then
+  BYTEPS_THC_CPU_ONLY="$("$PY" -c 'import torch; print(0 if (torch.version.cuda and torch.cuda.is_available()) else 1)' 2>/dev/null || echo 1)"
+fi
+export BYTEPS_THC_CPU_ONLY
+[ "$BYTEPS_THC_CPU_ONLY" = 1 ] && mode="cpu-only worker" || mode="CUDA worker"
+[ "$server_only" = 1 ] && mode="server only"
+
+sdist="$(fetch_sdist)"
+key="$( {
+  echo "sdist $SDIST_SHA256 cpu=$BYTEPS_THC_CPU_ONLY server_only=$server_only"
+  "$PY" -c 'import sys; print(sys.version)'
+  [ "$server_only" = 1 ] || "$PY" -c 'import torch; print("torch", torch.__version__)'
+  sha256sum "$0"
+  for p in $(patch_list); do sha256sum "$p"; done
+  (cd "$SRC" 2>/dev/null && find . -type f ! -name '*.pyc' ! -path '*/__pycache__/*' | sort | xargs -r sha256sum)
+  (cd "$CORE" && find . -maxdepth 1 -type f \( -name '*.h' -o -name '*.cc' \) | sort | xargs -r sha256sum)
+} | sha256sum | cut -c1-16)"
+
+dest="${target:-$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')}"
+stamp="$dest/.byteps-thc-build.stamp"
+if [ "$force" = 0 ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$key" ] && [ -d "$dest/byteps" ]; then
+  log "up to date ($mode, key $key)"
+  exit 0
+fi
+
+# ---- prepare the tree ------------------------------------------------------------------------
+start=$(date +%s)
+work="$CACHE/build/$key"
+log "building BytePS $SDIST_VERSION + $(patch_list | wc -l) patches ($mode, key $key, -j$BYTEPS_BUILD_JOBS)"
+rm -rf "$work"; mkdir -p "$work"
+tar --no-same-owner -xzf "$sdist" -C "$work" --strip-components=1
+cd "$work"
+for p in $(patch_list); do
+  log "patch $(basename "$p")"
+  patch -p1 --batch --forward --fuzz=0 --no-backup-if-mismatch -s < "$p" || die "$(basename "$p") does not apply"
+done
+: > thc_added_files.txt
+if [ -d "$SRC" ]; then
+  (cd "$SRC" && find . -type f ! -name '*.pyc' ! -path '*/__pycache__/*' | sed 's|^\./||' | sort) |
+  while read -r rel; do
+    mkdir -p "$(dirname "$rel")"; cp "$SRC/$rel" "$rel"; echo "$rel" >> thc_added_files.txt
+  done
+fi
+mkdir -p thc
+for f in "$CORE"/*.h "$CORE"/*.cc; do
+  [ -e "$f" ] || continue
+  cp "$f" thc/; echo "thc/$(basename "$f")" >> thc_added_files.txt
+done
+log "added $(wc -l < thc_added_files.txt) files of ours"
+# ZeroMQ does not change with our patches: reuse the one built before (saves ~30 s).
+if [ -d "$CACHE/zmq-deps/include" ]; then
+  mkdir -p 3rdparty/ps-lite/deps && cp -a "$CACHE/zmq-deps/." 3rdparty/ps-lite/deps/
+fi
+
+# ---- build and install -----------------------------------------------------------------------
+export BYTEPS_WITHOUT_TENSORFLOW=1 BYTEPS_WITHOUT_MXNET=1
+if [ "$server_only" = 1 ]; then
+  export BYTEPS_WITHOUT_PYTORCH=1
+else
+  export BYTEPS_WITH_PYTORCH=1  # a failing torch plugin fails the build instead of being skipped
+fi
+pip_args=(install --no-build-isolation --no-deps --no-cache-dir --disable-pip-version-check -v)
+[ -n "$target" ] && pip_args+=(--target "$target" --upgrade)
+log "compiling (full log: $work/build.log)"
+set +e
+nice "$PY" -m pip "${pip_args[@]}" . > build.log 2>&1 &
+pid=$!
+tail -n +1 -f build.log --pid=$pid 2>/dev/null |
+  grep --line-buffered -E '\[byteps-thc build\]|INFO: |error:|Error:|Successfully installed' |
+  grep --line-buffered -v 'error_feedback' | sed -u 's/^ *//; s/^/[build_byteps] /'
+wait $pid; rc=$?
+set -e
+if [ $rc -ne 0 ]; then
+  grep -E -B2 -A8 'error' build.log | tail -n 60 >&2
+  die "build failed (exit $rc); full log: $work/build.log"
+fi
+if [ ! -d "$CACHE/zmq-deps/include" ] && [ -d 3rdparty/ps-lite/deps/include ]; then
+  rm -rf "$CACHE/zmq-deps.tmp" && cp -a 3rdparty/ps-lite/deps "$CACHE/zmq-deps.tmp" &&
+    mv "$CACHE/zmq-deps.tmp" "$CACHE/zmq-deps"
+fi
+# keep the newest tree only (for reading its build.log), drop the others
+find "$CACHE/build" -mindepth 1 -maxdepth 1 ! -name "$key" -exec rm -rf {} +
+echo "$key" > "$stamp"
+log "installed into $dest in $(( $(date +%s) - start )) s ($mode)"
