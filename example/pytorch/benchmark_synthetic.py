@@ -172,8 +172,10 @@ def main(argv=None):
                 f"samples/s per worker={per_worker:.2f} total={per_worker * size:.2f}")
         if distributed and tx0 is not None and tx1 is not None:
             per_step = (tx1 - tx0) / args.num_iters
+            # every worker pushes and pulls: uncompressed is about 2 x workers x the model
             line += (f" loopback bytes/step={per_step:.0f} "
-                     f"({per_step / (n_params * 4):.3f} x the float32 model)")
+                     f"({per_step / (n_params * 4):.3f} x the float32 model size, all workers' "
+                     "pushes and pulls)")
         print(line, flush=True)
     if distributed:
         bps.shutdown()
