@@ -84,7 +84,7 @@ def main(argv=None):
     sizes = partitions(args.params, args.partition_bytes)
     n = args.workers
     print(f"{n} workers, {args.params / 1e6:.1f}M float32 parameters in {len(sizes)} partitions of "
-          f"<= {args.partition_bytes} bytes; THC {cfg.describe().split(';')[0]}")
+          f"<= {args.partition_bytes} bytes; {cfg.describe().split(';')[0]}")
     cluster = tc.Cluster(n, work, exe, argv_server,
                          {"BYTEPS_SERVER_ENGINE_THREAD": str(args.engine_threads)})
     try:
