@@ -451,6 +451,16 @@ class Supervisor:
                     return Outcome(status, f"{n} (pid {self.procs[n].pid}) {_describe_exit(code)}; "
                                    f"stopping the other {rest} running process"
                                    f"{'es' if rest != 1 else ''}", failed=n)
+            if not workers:
+                # a server or scheduler launched alone (one role from DMLC_*): it runs until it
+                # exits by itself; only its failure or the timeout ends it early
+                if all(c is not None for c in codes.values()):
+                    return Outcome(0, "")
+                if self.timeout is not None and now - start > self.timeout:
+                    return Outcome(124, f"timeout after {self.timeout:.0f}s; stopping "
+                                   f"{', '.join(n for n, c in codes.items() if c is None)}")
+                time.sleep(self.poll_interval)
+                continue
             running_workers = [w for w in workers if codes[w] is None]
             # 2./3. a process that left cleanly while workers still run: a server or the
             # scheduler at shutdown, a worker that finished first. Normal for a moment; after

@@ -16,6 +16,9 @@ from byteps_thc import launch
 from byteps_thc.config import ThcConfig
 
 PY = sys.executable
+# Bound on how long a stopped cluster of stand-ins may take: far below the stand-ins' own 120 s,
+# and generous for a loaded machine (a Python start can take seconds there).
+LIMIT = 60
 
 
 # -- flags ---------------------------------------------------------------------------------------
@@ -248,7 +251,7 @@ SERVE = _py("""
     import os, signal, sys, time
     # a stand-in server: leaves when the file named by STOP appears, like BytePS's after shutdown
     stop = os.environ.get("STOP")
-    for _ in range(600):
+    for _ in range(2400):  # 120 s: far longer than any bound below
         if stop and os.path.exists(stop):
             sys.exit(0)
         time.sleep(0.05)
@@ -296,7 +299,7 @@ def test_success_prefixes_each_line_and_waits_for_servers(tmp_path):
     lines = out.splitlines()
     assert "[worker 0] hello from 0" in lines and "[worker 1] hello from 1" in lines
     assert "[worker 1] second line" in lines
-    assert took < 10
+    assert took < LIMIT
 
 
 def test_failing_worker_stops_everything_quickly_and_is_named(tmp_path):
@@ -305,9 +308,9 @@ def test_failing_worker_stops_everything_quickly_and_is_named(tmp_path):
              # worker 0 runs a grandchild that would outlive it without process groups
              _spec("worker 0", "worker", _py(f"""
                  import subprocess, sys, time
-                 p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+                 p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
                  open({str(marker)!r}, "w").write(str(p.pid))
-                 time.sleep(60)
+                 time.sleep(300)
              """)),
              _spec("worker 1", "worker", _py("""
                  import sys, time
@@ -317,7 +320,7 @@ def test_failing_worker_stops_everything_quickly_and_is_named(tmp_path):
     assert outcome.code == 3 and outcome.failed == "worker 1"
     assert "worker 1" in err and "exited with code 3" in err
     assert "[worker 1] giving up" in out
-    assert took < 8
+    assert took < LIMIT
     pid = int(marker.read_text())
     time.sleep(0.2)
     assert not _alive(pid), "grandchild of worker 0 survived"
@@ -329,7 +332,7 @@ def test_worker_killed_by_a_signal_is_reported():
              _spec("worker 1", "worker", SERVE)]
     outcome, out, err, took = _run(specs)
     assert outcome.code == 128 + signal.SIGKILL and outcome.failed == "worker 0"
-    assert "killed by SIGKILL" in err and took < 8
+    assert "killed by SIGKILL" in err and took < LIMIT
 
 
 def test_server_leaving_early_fails_the_cluster():
@@ -337,7 +340,7 @@ def test_server_leaving_early_fails_the_cluster():
              _spec("worker 0", "worker", SERVE)]
     outcome, out, err, took = _run(specs, grace=0.5)
     assert outcome.code == 1 and outcome.failed == "worker 0"
-    assert "server 0 exited" in err and "worker 0 still running" in err and took < 8
+    assert "server 0 exited" in err and "worker 0 still running" in err and took < LIMIT
 
 
 def test_server_crash_fails_the_cluster_at_once():
@@ -346,7 +349,7 @@ def test_server_crash_fails_the_cluster_at_once():
              _spec("worker 0", "worker", SERVE)]
     outcome, out, err, took = _run(specs)
     assert outcome.code == 1 and outcome.failed == "server 0"
-    assert "server 0" in err and "exited with code 1" in err and took < 5
+    assert "server 0" in err and "exited with code 1" in err and took < LIMIT
 
 
 def test_roles_leaving_a_moment_apart_is_success(tmp_path):
@@ -362,13 +365,13 @@ def test_hung_worker_after_others_finished_fails_after_grace():
     specs = [_spec("worker 0", "worker", _py("pass")), _spec("worker 1", "worker", SERVE)]
     outcome, out, err, took = _run(specs, grace=0.5)
     assert outcome.code == 1 and outcome.failed == "worker 1"
-    assert "still running" in err and took < 6
+    assert "still running" in err and took < LIMIT
 
 
 def test_timeout_stops_everything():
     specs = [_spec("scheduler", "scheduler", SERVE), _spec("worker 0", "worker", SERVE)]
     outcome, out, err, took = _run(specs, timeout=0.5)
-    assert outcome.code == 124 and "timeout" in err and took < 6
+    assert outcome.code == 124 and "timeout" in err and took < LIMIT
 
 
 def test_lingering_server_is_stopped_after_workers_finish():
@@ -378,7 +381,16 @@ def test_lingering_server_is_stopped_after_workers_finish():
                  time.sleep(60)
              """)), _spec("worker 0", "worker", _py("pass"))]
     outcome, out, err, took = _run(specs, shutdown_timeout=0.5)
-    assert outcome.code == 0 and "did not exit" in err and took < 6
+    assert outcome.code == 0 and "did not exit" in err and took < LIMIT
+
+
+def test_a_role_alone_runs_until_it_exits(tmp_path):
+    """One `bpslaunch` per role: a server without workers in the same launcher is not stopped."""
+    specs = [_spec("server", "server", _py("import time; time.sleep(1.0)"))]
+    outcome, out, err, took = _run(specs, shutdown_timeout=0.2, grace=0.2)
+    assert outcome.code == 0 and took >= 1.0, err
+    outcome, out, err, took = _run([_spec("server", "server", _py("import sys; sys.exit(4)"))])
+    assert outcome.code == 4 and "server" in err
 
 
 def test_missing_program_is_an_error():
