@@ -154,7 +154,7 @@ def test_env_only_launch_as_upstream(tmp_path):
             procs.append(subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                                           stderr=subprocess.STDOUT, text=True,
                                           start_new_session=True))
-        outs = [p.communicate(timeout=180)[0] for p in procs]
+        outs = [p.communicate(timeout=300)[0] for p in procs]
     finally:
         for p in procs:
             if p.poll() is None:
