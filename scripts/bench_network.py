@@ -579,6 +579,30 @@ def plot(records: Sequence[dict], outdir: str) -> List[str]:
         plt.close(fig)
         written.append(path)
 
+    if replay:  # bytes on the wire and step time per compressor, one group per workload+bandwidth
+        groups = list(dict.fromkeys((r["workload"], r["bandwidth_gbit"]) for r in replay))
+        fig, axes = plt.subplots(len(groups), 2, figsize=(9, 2.6 * len(groups) + 0.4),
+                                 squeeze=False, dpi=80)
+        for row, (m, bw) in zip(axes, groups):
+            rs = [r for r in replay if r["workload"] == m and r["bandwidth_gbit"] == bw]
+            names = [r["compressor"] for r in rs]
+            colors = ["tab:orange" if n.startswith("thc") else "tab:blue" for n in names]
+            row[0].barh(names, [r["wire_bytes_per_step"] / 1e6 for r in rs], color=colors)
+            row[0].set_xlabel("MB on the wire per step (all links, measured)")
+            row[0].set_title(f"{m} at {bw:g} Gbit/s: bytes", fontsize=9)
+            row[1].barh(names, [r["step_time_s"] for r in rs], color=colors,
+                        xerr=[[0] * len(rs), [r["step_time_p90_s"] - r["step_time_s"] for r in rs]])
+            row[1].set_xlabel("step time (s, median; bar: p90)")
+            row[1].set_title(f"{m} at {bw:g} Gbit/s: step time", fontsize=9)
+            for ax in row:
+                ax.invert_yaxis()
+                ax.grid(True, axis="x", alpha=0.3)
+        fig.tight_layout()
+        path = os.path.join(outdir, "bench_bytes_and_steps.png")
+        fig.savefig(path)
+        plt.close(fig)
+        written.append(path)
+
     train = [r for r in ok if r.get("kind") == "training" and r.get("accuracy_curve")]
     if train:
         fig, ax = plt.subplots(figsize=(5.2, 3.6), dpi=80)
