@@ -104,12 +104,27 @@ fi
 export BYTEPS_THC_CPU_ONLY
 [ "$BYTEPS_THC_CPU_ONLY" = 1 ] && mode="cpu-only worker" || mode="CUDA worker"
 [ "$server_only" = 1 ] && mode="server only"
+# Other framework plugins (issue 6). BYTEPS_THC_TENSORFLOW=1: also the TensorFlow plugin, when
+# tensorflow is importable here (opt-in until its cluster tests have run on CI's machine; `make
+# byteps-tf`); if it fails to build, setup.py skips it and build.log says why.
+# BYTEPS_THC_MXNET=1: the MXNet plugin instead of torch's (MXNet's own environment, make mxnet-env).
+with_tf=0 with_mx="${BYTEPS_THC_MXNET:-0}"
+if [ "$server_only" = 0 ] && [ "$with_mx" != 1 ] && [ "${BYTEPS_THC_TENSORFLOW:-0}" = 1 ] &&
+   "$PY" -c 'import importlib.util as u, sys; sys.exit(u.find_spec("tensorflow") is None)' 2>/dev/null; then
+  with_tf=1 mode="$mode + TensorFlow"
+fi
+if [ "$server_only" = 0 ] && [ "$with_mx" = 1 ]; then mode="$mode, MXNet"; fi
 
 sdist="$(fetch_sdist)"
 key="$( {
   echo "sdist $SDIST_SHA256 cpu=$BYTEPS_THC_CPU_ONLY server_only=$server_only"
   "$PY" -c 'import sys; print(sys.version)'
   [ "$server_only" = 1 ] || "$PY" -c 'import torch; print("torch", torch.__version__)'
+  echo "tf=$with_tf mxnet=$with_mx"  # the plugins are tied to the exact framework versions
+  [ "$with_tf$with_mx" = 00 ] || "$PY" -c 'import importlib.metadata as m
+for d in ("tensorflow", "tensorflow-cpu", "keras", "mxnet"):
+    try: print(d, m.version(d))
+    except m.PackageNotFoundError: pass'
   sha256sum "$0"
   for p in $(patch_list); do sha256sum "$p"; done
   (cd "$SRC" 2>/dev/null && find . -type f ! -name '*.pyc' ! -path '*/__pycache__/*' | sort | xargs -r sha256sum)
@@ -158,6 +173,10 @@ if [ "$server_only" = 1 ]; then
   export BYTEPS_WITHOUT_PYTORCH=1
 else
   export BYTEPS_WITH_PYTORCH=1  # a failing torch plugin fails the build instead of being skipped
+fi
+if [ "$with_tf" = 1 ]; then unset BYTEPS_WITHOUT_TENSORFLOW; fi
+if [ "$server_only" = 0 ] && [ "$with_mx" = 1 ]; then
+  unset BYTEPS_WITHOUT_MXNET BYTEPS_WITH_PYTORCH; export BYTEPS_WITHOUT_PYTORCH=1 BYTEPS_WITH_MXNET=1
 fi
 pip_args=(install --no-build-isolation --no-deps --no-cache-dir --disable-pip-version-check -v)
 [ -n "$target" ] && pip_args+=(--target "$target" --upgrade)

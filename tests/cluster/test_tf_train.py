@@ -12,8 +12,8 @@ two tensors under one name. The tests read its report:
 - two tensors under one name with different sizes or dtypes get the clear error naming both,
   the worker goes on, and no process aborts.
 
-Skipped, with the reason, when TensorFlow or the fork's TF plugin is not installed (`make byteps`
-builds the plugin when TensorFlow is importable). The cluster is bounded in time (the launcher's
+Skipped, with the reason, when TensorFlow or the fork's TF plugin is not installed (`make test-tf`
+builds the fork with it: BYTEPS_THC_TENSORFLOW=1). The cluster is bounded in time (the launcher's
 --timeout and the subprocess timeout): a failure never hangs.
 """
 import importlib.util
@@ -88,8 +88,8 @@ def tf_plugin_missing():
         d = os.path.join(pkg, sub)
         if not (os.path.isdir(d) and any(f.startswith("c_lib") and f.endswith(".so")
                                          for f in os.listdir(d))):
-            return (f"the fork's {sub} plugin is not built (make byteps; see the TensorFlow "
-                    "lines of its build log)")
+            return (f"the fork's {sub} plugin is not built (make test-tf or make byteps-tf; "
+                    "build.log says why when it fails)")
     return None
 
 
@@ -124,7 +124,7 @@ def reports(out):
 def cluster_run(tmp_path_factory):
     worker = tmp_path_factory.mktemp("tf") / "worker.py"
     worker.write_text(WORKER % {"example": EXAMPLE, "modes": MODES})
-    code, out, err, took = run_cluster(str(worker), ["--epochs", "5"], timeout=420)
+    code, out, err, took = run_cluster(str(worker), ["--epochs", "3"], timeout=480)
     assert code == 0, f"exit {code} after {took:.0f}s\n{out[-6000:]}\n{err[-3000:]}"
     got = reports(out)
     assert len(got) == 2 * (2 * len(MODES) + 1), out[-4000:]

@@ -1,0 +1,126 @@
+"""MXNet adapter of byteps-thc (optional; mxnet 1.9.1 lives in its own environment, `make test-mxnet`).
+
+BytePS's MXNet plugin is the one upstream plugin that already declares gradients with compressor
+kwargs (`compression_params`, copied onto each parameter as `byteps_*` attributes). THC joins
+through the same door, with the kwargs every framework uses (`ThcConfig.to_kwargs()`):
+
+    import byteps.mxnet as bps
+    trainer = bps.DistributedTrainer(net.collect_params(), "sgd", {"learning_rate": 0.1},
+                                     compression=bps.Compression.thc(bits=4))
+    # or compression_params={"compressor": "thc", "bits": 4}, or `bpslaunch --compressor thc`
+
+Parameters smaller than BYTEPS_MIN_COMPRESS_BYTES travel uncompressed. The patched
+`byteps.mxnet` (csrc/byteps/patches/0094-*) takes DistributedTrainer and Compression from here.
+"""
+from __future__ import annotations
+
+import os
+from typing import Mapping, Optional
+
+from .config import ENV as _ENV
+from .config import ThcConfig
+
+ENV_COMPRESSOR = _ENV["compressor"]
+ENV_MIN_COMPRESS_BYTES = "BYTEPS_MIN_COMPRESS_BYTES"
+DEFAULT_MIN_COMPRESS_BYTES = 65536
+_THC_PARAMS = ("bits", "granularity", "overflow_prob", "seed", "rotation_block", "error_feedback")
+
+
+def min_compress_bytes(environ: Optional[Mapping[str, str]] = None) -> int:
+    env = os.environ if environ is None else environ
+    raw = env.get(ENV_MIN_COMPRESS_BYTES, "")
+    return int(raw) if raw.strip() else DEFAULT_MIN_COMPRESS_BYTES
+
+
+class ThcCompression:
+    """THC for MXNet: the kwargs each large float parameter's gradient is declared with."""
+
+    def __init__(self, config: ThcConfig):
+        if not isinstance(config, ThcConfig):
+            raise TypeError(f"config must be a ThcConfig, not {type(config).__name__}")
+        self.config = config
+
+    def kwargs(self) -> dict:
+        return self.config.to_kwargs()
+
+    def __repr__(self):
+        c = self.config
+        return (f"Compression.thc(bits={c.bits}, granularity={c.granularity}, "
+                f"overflow_prob={c.overflow_prob!r}, seed={c.seed}, "
+                f"rotation_block={c.rotation_block}, error_feedback={c.error_feedback})")
+
+
+def thc(bits: int = 4, granularity: int = 30, overflow_prob: float = 1.0 / 32, seed: int = 42,
+        rotation_block: Optional[int] = None, error_feedback: bool = True,
+        config: Optional[ThcConfig] = None) -> ThcCompression:
+    if config is None:
+        config = ThcConfig(bits=bits, granularity=granularity, overflow_prob=overflow_prob,
+                           seed=seed, rotation_block=rotation_block, error_feedback=error_feedback)
+    return ThcCompression(config)
+
+
+def from_params(compression_params: Optional[Mapping]) -> Optional[ThcCompression]:
+    """THC from upstream-style `compression_params` ({"compressor": "thc", "bits": 4, ...})."""
+    if not compression_params or compression_params.get("compressor") != "thc":
+        return None
+    unknown = set(compression_params) - {"compressor", *_THC_PARAMS}
+    if unknown:
+        raise ValueError(f"compression_params for thc: unknown keys {sorted(unknown)}; "
+                         f"known: {list(_THC_PARAMS)}")
+    return thc(**{k: v for k, v in compression_params.items() if k != "compressor"})
+
+
+def from_env(environ: Optional[Mapping[str, str]] = None) -> Optional[ThcCompression]:
+    """THC when `bpslaunch --compressor thc` chose it (BYTEPS_COMPRESSOR, BYTEPS_THC_*)."""
+    env = os.environ if environ is None else environ
+    if (env.get(ENV_COMPRESSOR) or "none").strip().lower() != "thc":
+        return None
+    return ThcCompression(ThcConfig.from_env(env))
+
+
+def _make_trainer():
+    import numpy as np
+    from byteps.mxnet import DistributedTrainer as _Upstream
+
+    class DistributedTrainer(_Upstream):
+        """BytePS's DistributedTrainer, plus THC: `compression=Compression.thc(...)`,
+        `compression_params={"compressor": "thc", ...}`, or what `bpslaunch --compressor thc`
+        chose. Other compression_params (onebit, topk, ...) work as upstream."""
+
+        def __init__(self, params, optimizer, optimizer_params=None, root_rank=0,
+                     compression_params=None, compression=None):
+            chosen = compression or from_params(compression_params)
+            if chosen is None and not compression_params:
+                chosen = from_env()
+            if chosen is not None:
+                compression_params = None
+                threshold = min_compress_bytes()
+                kwargs = chosen.kwargs()
+                for _, param in sorted(params.items()):
+                    if param.grad_req == "null" or np.dtype(param.dtype).kind != "f":
+                        continue
+                    shape = param.shape
+                    if shape is None or any(d <= 0 for d in shape):
+                        continue  # deferred shape: declared uncompressed
+                    if int(np.prod(shape)) * 4 < threshold:
+                        continue
+                    for k, v in kwargs.items():
+                        setattr(param, "byteps_" + k, v)
+            self.compression = chosen
+            super().__init__(params, optimizer, optimizer_params, root_rank, compression_params)
+
+    return DistributedTrainer
+
+
+class Compression:
+    """THC for byteps.mxnet (BytePS's own compressors are chosen with compression_params)."""
+    thc = staticmethod(thc)
+    from_env = staticmethod(from_env)
+
+
+def __getattr__(name):  # DistributedTrainer needs mxnet and byteps.mxnet: built on first use
+    if name == "DistributedTrainer":
+        cls = _make_trainer()
+        globals()["DistributedTrainer"] = cls
+        return cls
+    raise AttributeError(name)

@@ -1,0 +1,94 @@
+"""MXNet Gluon training with THC on a `bpslaunch --local 2` cluster, in MXNet's own environment.
+
+mxnet 1.9.1 imports on Python 3.11 only with numpy < 1.24, so it has its own virtual environment
+(`make mxnet-env`: .cache/venv-mxnet with the fork built for MXNet); `make test-mxnet` runs this
+file. Not part of `make test`: skipped, with the reason, when that environment is not there.
+
+- example/mxnet/train_digits.py trains with THC to within 2 points of uncompressed, and both
+  workers end with bit-identical weights (THC and none);
+- two tensors under one name with different sizes get the clear error, not an abort.
+"""
+import os
+import re
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+MXPY = os.environ.get("BYTEPS_THC_MXNET_PYTHON", os.path.join(ROOT, ".cache", "venv-mxnet", "bin",
+                                                              "python"))
+EXAMPLE = os.path.join(ROOT, "example", "mxnet", "train_digits.py")
+
+
+def _missing():
+    if not os.path.exists(MXPY):
+        return f"no MXNet environment at {MXPY} (make mxnet-env)"
+    probe = ("import importlib.util as u, os, sys; s = u.find_spec('byteps');"
+             "d = s and os.path.join(list(s.submodule_search_locations)[0], 'mxnet');"
+             "sys.exit(0 if d and any(f.startswith('c_lib') for f in os.listdir(d)) else 1)")
+    if subprocess.run([MXPY, "-c", probe], capture_output=True, timeout=60).returncode != 0:
+        return "the fork's MXNet plugin is not built in the MXNet environment (make mxnet-env)"
+    return None
+
+
+_MISSING = _missing()
+pytestmark = pytest.mark.skipif(_MISSING is not None, reason=str(_MISSING))
+
+
+def launch(args, timeout=400):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("BYTEPS_", "DMLC_"))}
+    env["PYTHONPATH"] = ROOT
+    env["OMP_NUM_THREADS"] = "1"
+    p = subprocess.run([MXPY, "-m", "byteps_thc.launch", "--local", "2", "--timeout",
+                        str(timeout - 20), "--"] + args, cwd=ROOT, env=env, capture_output=True,
+                       text=True, timeout=timeout)
+    return p.returncode, p.stdout, p.stderr
+
+
+@pytest.fixture(scope="module")
+def trained():
+    got = {}
+    for comp in ("thc", "none"):
+        code, out, err = launch([MXPY, EXAMPLE, "--epochs", "4", "--compressor", comp])
+        assert code == 0, out[-4000:] + err[-3000:]
+        got[comp] = sorted(re.findall(
+            r"\[worker (\d)\] final test accuracy: ([0-9.]+) .*parameter digest (\w+)", out))
+        assert len(got[comp]) == 2, out[-3000:]
+    return got
+
+
+def test_thc_within_two_points_of_uncompressed(trained):
+    thc, none = float(trained["thc"][0][1]), float(trained["none"][0][1])
+    assert none > 0.9 and thc >= none - 0.02, trained
+
+
+@pytest.mark.parametrize("comp", ["thc", "none"])
+def test_workers_end_bit_identical(trained, comp):
+    (_, a0, d0), (_, a1, d1) = trained[comp]
+    assert d0 == d1 and a0 == a1
+
+
+def test_name_reused_with_another_size_is_a_clear_error(tmp_path):
+    script = tmp_path / "dup.py"
+    script.write_text(textwrap.dedent("""
+        import mxnet as mx
+        import byteps.mxnet as bps
+        from byteps.mxnet.ops import byteps_declare_tensor, byteps_push_pull
+        bps.init()
+        a, b = mx.nd.ones(10), mx.nd.ones(20)
+        byteps_declare_tensor("dup")
+        byteps_push_pull(a, name="dup", is_average=False)
+        a.wait_to_read()
+        try:
+            byteps_push_pull(b, name="dup", is_average=False)
+            b.wait_to_read()
+            print("NO ERROR", flush=True)
+        except mx.base.MXNetError as e:
+            print("ERROR", str(e).splitlines()[0][:400], flush=True)
+        bps.shutdown()
+    """))
+    code, out, err = launch([MXPY, str(script)], timeout=200)
+    assert "NO ERROR" not in out, out
+    assert "'byteps.dup' is used by two different tensors" in out + err, out[-3000:] + err[-2000:]
