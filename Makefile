@@ -23,6 +23,9 @@ venv: $(VENV)
 $(VENV): requirements.txt
 	@test -x $(PY) || python3 -m venv .venv
 	$(PIP) install -q --disable-pip-version-check -r requirements.txt
+	@# byteps_thc is used in place (make ext builds _C here): make it importable from the venv,
+	@# so that the fork's bpslaunch and `python -m byteps_thc...` work from any directory.
+	@$(PY) -c 'import site, os; open(os.path.join(site.getsitepackages()[0], "byteps_thc.pth"), "w").write(os.getcwd() + "\n")'
 	@touch $@
 
 ext: $(EXT)

@@ -11,6 +11,7 @@
 #include "compressor/impl/thc_compressor.h"
 #include "compressor/impl/thc_wire.h"
 #include "global.h"
+#include "idle.h"
 #include "logging.h"
 
 namespace byteps {
@@ -99,7 +100,7 @@ bool RunThcNormLoopOnce() {
   auto q = BytePSGlobal::GetScheduledQueue(THC_NORM);
   auto task = q->getTask();
   if (!task) {
-    std::this_thread::sleep_for(std::chrono::nanoseconds(1000));
+    IdleWait();
     return true;
   }
   // THC_NORM shares the push ready-table with COMPRESS (all local devices copied their part);
