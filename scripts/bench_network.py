@@ -263,6 +263,9 @@ def run_cluster(net: EmulatedNetwork, workers: int, spec: advise.CompressorSpec,
     procs: List[Proc] = []
     cpu: List[tuple] = []
     status, error = "ok", ""
+    # BytePS's Unix sockets live in a short path of their own: sun_path holds 108 bytes, and the
+    # fork appends "_<uri>_<port>_<worker>_<rank>" to it (a log dir under pytest's tmp is too long).
+    sockroot = tempfile.mkdtemp(prefix="thcs", dir="/tmp")
     try:
         sched_env = dict(env, DMLC_ROLE="scheduler", DMLC_NODE_HOST=net.addr["srv"])
         procs.append(Proc(net, "srv", "scheduler", role_cmd, sched_env, rundir, nice, rundir))
@@ -271,7 +274,7 @@ def run_cluster(net: EmulatedNetwork, workers: int, spec: advise.CompressorSpec,
         procs.append(server)
         wprocs = []
         for i in range(workers):
-            sock = os.path.join(rundir, f"sock{i}")
+            sock = os.path.join(sockroot, f"w{i}")
             os.makedirs(sock, exist_ok=True)
             wenv = dict(env, DMLC_ROLE="worker", DMLC_WORKER_ID=str(i),
                         DMLC_NODE_HOST=net.addr[f"w{i}"], BYTEPS_LOCAL_RANK="0",
@@ -327,6 +330,7 @@ def run_cluster(net: EmulatedNetwork, workers: int, spec: advise.CompressorSpec,
             p.join()
         # the fork names its shared memory BytePS_ShM_<root uri>_<root port>_<worker>...
         _remove_shm(f"BytePS_ShM_{env['DMLC_PS_ROOT_URI']}_{env['DMLC_PS_ROOT_PORT']}_")
+        shutil.rmtree(sockroot, ignore_errors=True)
     return {"procs": procs, "cpu": cpu, "status": status, "error": error, "rundir": rundir}
 
 
