@@ -315,6 +315,41 @@ def _describe_exit(code: int) -> str:
     return f"exited with code {code}"
 
 
+# A launcher killed outright (SIGKILL, the OOM killer) cannot stop its children, and they run in
+# process groups of their own: they would live on as orphans. So a small watchdog process, in its
+# own session, reads the pid of each group the launcher starts from a pipe; the launcher writes
+# "done" once it has stopped them itself. A pipe that ends without "done" means the launcher died:
+# the watchdog stops every group (SIGTERM, then SIGKILL what is left after KILL_S seconds).
+_WATCHDOG = r"""
+import os, signal, sys, time
+KILL_S = %s
+groups = []
+for line in sys.stdin:
+    if line.strip() == "done":
+        sys.exit(0)
+    groups.append(int(line))
+def alive(g):
+    try:
+        os.killpg(g, 0)
+        return True
+    except OSError:
+        return False
+for g in groups:
+    try:
+        os.killpg(g, signal.SIGTERM)
+    except OSError:
+        pass
+deadline = time.monotonic() + KILL_S
+while any(alive(g) for g in groups) and time.monotonic() < deadline:
+    time.sleep(0.05)
+for g in groups:
+    try:
+        os.killpg(g, signal.SIGKILL)
+    except OSError:
+        pass
+"""
+
+
 class Supervisor:
     """Runs processes, each in its own process group, and stops them all on the first failure.
 
@@ -324,6 +359,8 @@ class Supervisor:
     - a process (worker, server or scheduler) exited 0 but a worker still runs `grace` seconds
       later (at shutdown the roles leave a moment apart; longer means a hang);
     - `timeout` seconds passed.
+    Should the launcher itself be killed outright, a watchdog process stops the groups (no
+    orphans, ever; see _WATCHDOG).
     """
 
     def __init__(self, specs: Sequence[ProcSpec], out: Optional[TextIO] = None,
@@ -343,6 +380,7 @@ class Supervisor:
         self._pumps: List[threading.Thread] = []
         self._lock = threading.Lock()
         self._stop_signal: Optional[int] = None
+        self._watchdog: Optional[subprocess.Popen] = None
 
     # -- output ---------------------------------------------------------------------------------
     def _pump(self, name: str, stream) -> None:
@@ -366,7 +404,38 @@ class Supervisor:
             self.err.flush()
 
     # -- lifecycle ------------------------------------------------------------------------------
+    def _start_watchdog(self) -> None:
+        self._watchdog = subprocess.Popen(
+            [sys.executable, "-I", "-S", "-c", _WATCHDOG % repr(self.kill_timeout)],
+            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True, text=True)  # close_fds: no child holds the pipe open
+
+    def _tell_watchdog(self, line: str) -> None:
+        if self._watchdog is None:
+            return
+        try:
+            self._watchdog.stdin.write(line + "\n")
+            self._watchdog.stdin.flush()
+        except (OSError, ValueError):  # pragma: no cover - the watchdog died: carry on without
+            pass
+
+    def _release_watchdog(self) -> None:
+        """Every group has been stopped: the watchdog may leave without doing anything."""
+        w, self._watchdog = self._watchdog, None
+        if w is None:
+            return
+        try:
+            w.stdin.write("done\n")
+            w.stdin.close()
+        except (OSError, ValueError):  # pragma: no cover
+            pass
+        try:
+            w.wait(timeout=5)
+        except subprocess.TimeoutExpired:  # pragma: no cover
+            w.kill()
+
     def start(self) -> None:
+        self._start_watchdog()
         for spec in self.specs:
             try:
                 proc = subprocess.Popen(
@@ -377,6 +446,7 @@ class Supervisor:
                 raise RuntimeError(f"cannot start {spec.name} ({shlex.join(spec.argv)}): {e}") \
                     from None
             self.procs[spec.name] = proc
+            self._tell_watchdog(str(proc.pid))  # its process group: pgid == pid
             t = threading.Thread(target=self._pump, args=(spec.name, proc.stdout), daemon=True)
             t.start()
             self._pumps.append(t)
@@ -405,6 +475,7 @@ class Supervisor:
                 proc.wait(timeout=self.kill_timeout)
             except subprocess.TimeoutExpired:  # pragma: no cover - unkillable (D state)
                 pass
+        self._release_watchdog()
 
     def _finish(self) -> None:
         for t in self._pumps:

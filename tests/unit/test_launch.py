@@ -393,6 +393,60 @@ def test_a_role_alone_runs_until_it_exits(tmp_path):
     assert outcome.code == 4 and "server" in err
 
 
+def _marked(mark):
+    """Live processes whose environment carries `mark` (zombies count as gone)."""
+    pids = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if mark.encode() not in f.read().split(b"\0"):
+                    continue
+        except OSError:
+            continue
+        if _alive(int(pid)):
+            pids.append(int(pid))
+    return pids
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="needs /proc")
+def test_killed_launcher_leaves_no_process(tmp_path):
+    """SIGKILL to bpslaunch's process group (what a test's timeout or the OOM killer does): its
+    workers and their children, each in a process group of its own, must not live on."""
+    mark = f"BPS_ORPHAN_TEST={os.getpid()}.{time.monotonic_ns()}"
+    env = dict(os.environ, DMLC_ROLE="worker", DMLC_NUM_WORKER="1", BYTEPS_LOCAL_SIZE="2",
+               PYTHONPATH=os.path.dirname(os.path.dirname(launch.__file__)))
+    env[mark.split("=")[0]] = mark.split("=")[1]
+    worker = textwrap.dedent(f"""
+        import os, subprocess, sys, time
+        p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+        with open(os.path.join({str(tmp_path)!r}, "up." + os.environ["BYTEPS_LOCAL_RANK"]), "w") as f:
+            f.write(str(p.pid))
+        time.sleep(300)
+    """)
+    import subprocess
+    proc = subprocess.Popen([PY, "-m", "byteps_thc.launch", PY, "-c", worker], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + LIMIT
+        while not all((tmp_path / f"up.{i}").exists() for i in range(2)):
+            assert proc.poll() is None and time.monotonic() < deadline, "workers did not start"
+            time.sleep(0.05)
+        assert len(_marked(mark)) >= 5  # launcher, 2 workers, 2 grandchildren
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        deadline = time.monotonic() + 20
+        while _marked(mark) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _marked(mark) == [], "processes survived the launcher"
+    finally:
+        for pid in _marked(mark):  # never leave anything behind, even when failing
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
 def test_missing_program_is_an_error():
     specs = [_spec("worker 0", "worker", ["/nonexistent/program"])]
     with pytest.raises(RuntimeError, match="cannot start worker 0"):
