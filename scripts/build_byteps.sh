@@ -11,6 +11,9 @@
 # Offline apart from the package index: ZeroMQ comes from the tarball the sdist bundles.
 #
 # Usage: scripts/build_byteps.sh [--server-only] [--target DIR] [--force]
+#        scripts/build_byteps.sh --target DIR --without NNNN[,NNNN]  # the series minus those patches
+#          (a test variant, e.g. to show a fix's test failing without it; needs --target, never
+#          .venv; built in .cache/byteps/build-without-NNNN/, apart from the normal build)
 #        scripts/build_byteps.sh --devtree DIR     # git tree: pristine sdist + one commit a patch
 #        scripts/build_byteps.sh --export DIR      # rewrite the patch series from that tree
 # Environment:
@@ -35,15 +38,16 @@ export BYTEPS_BUILD_JOBS="${BYTEPS_BUILD_JOBS:-2}"
 log() { echo "[build_byteps] $*" >&2; }
 die() { echo "[build_byteps] error: $*" >&2; exit 1; }
 
-server_only=0; target=""; force=0; devtree=""; export_dir=""
+server_only=0; target=""; force=0; devtree=""; export_dir=""; without=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --server-only) server_only=1 ;;
     --target) target="$(mkdir -p "$2" && cd "$2" && pwd)"; shift ;;
     --force) force=1 ;;
+    --without) without="${without:+$without,}$2"; shift ;;
     --devtree) devtree="$2"; shift ;;
     --export) export_dir="$2"; shift ;;
-    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
     *) die "unknown argument $1" ;;
   esac
   shift
@@ -65,7 +69,17 @@ fetch_sdist() {
   echo "$f"
 }
 
-patch_list() { find "$PATCHES" -maxdepth 1 -name '[0-9][0-9][0-9][0-9]-*.patch' | sort; }
+patch_list() {
+  find "$PATCHES" -maxdepth 1 -name '[0-9][0-9][0-9][0-9]-*.patch' | sort |
+    { if [ -n "$without" ]; then grep -v -E "/(${without//,/|})-[^/]*\.patch\$"; else cat; fi; }
+}
+if [ -n "$without" ]; then
+  [[ "$without" =~ ^[0-9]{4}(,[0-9]{4})*$ ]] || die "--without takes patch numbers: NNNN[,NNNN]"
+  [ -n "$target$devtree" ] || die "--without needs --target DIR (a variant never goes into .venv)"
+  for n in ${without//,/ }; do
+    ls "$PATCHES/$n"-*.patch > /dev/null 2>&1 || die "--without $n: no patch $n-*.patch"
+  done
+fi
 
 # ---- patch maintenance: --devtree / --export ---------------------------------------------------
 if [ -n "$devtree" ]; then
@@ -117,7 +131,7 @@ if [ "$server_only" = 0 ] && [ "$with_mx" = 1 ]; then mode="$mode, MXNet"; fi
 
 sdist="$(fetch_sdist)"
 key="$( {
-  echo "sdist $SDIST_SHA256 cpu=$BYTEPS_THC_CPU_ONLY server_only=$server_only"
+  echo "sdist $SDIST_SHA256 cpu=$BYTEPS_THC_CPU_ONLY server_only=$server_only without=$without"
   "$PY" -c 'import sys; print(sys.version)'
   [ "$server_only" = 1 ] || "$PY" -c 'import torch; print("torch", torch.__version__)'
   echo "tf=$with_tf mxnet=$with_mx"  # the plugins are tied to the exact framework versions
@@ -140,14 +154,23 @@ fi
 
 # ---- prepare the tree ------------------------------------------------------------------------
 start=$(date +%s)
-work="$CACHE/build/$key"
+builds="$CACHE/build${without:+-without-${without//,/-}}"  # a variant never touches the normal tree
+work="$builds/$key"
+[ -z "$without" ] || mode="$mode, without patch ${without//,/, }"
 log "building BytePS $SDIST_VERSION + $(patch_list | wc -l) patches ($mode, key $key, -j$BYTEPS_BUILD_JOBS)"
 rm -rf "$work"; mkdir -p "$work"
 tar --no-same-owner -xzf "$sdist" -C "$work" --strip-components=1
 cd "$work"
+apply() { patch -p1 --batch --forward --fuzz="$1" --no-backup-if-mismatch -s "${@:2}" < "$p"; }
 for p in $(patch_list); do
   log "patch $(basename "$p")"
-  patch -p1 --batch --forward --fuzz=0 --no-backup-if-mismatch -s < "$p" || die "$(basename "$p") does not apply"
+  if [ -n "$without" ] && ! apply 0 --dry-run > /dev/null && apply 1 --dry-run > /dev/null; then
+    # A later patch whose one line of context is a line of a left-out patch (0011 after 0005)
+    log "  ... with --fuzz=1: its context includes lines of patch(es) $without"
+    apply 1
+  else
+    apply 0 || die "$(basename "$p") does not apply${without:+ without patch(es) $without}"
+  fi
 done
 : > thc_added_files.txt
 if [ -d "$SRC" ]; then
@@ -198,6 +221,6 @@ if [ ! -d "$CACHE/zmq-deps/include" ] && [ -d 3rdparty/ps-lite/deps/include ]; t
     mv "$CACHE/zmq-deps.tmp" "$CACHE/zmq-deps"
 fi
 # keep the newest tree only (for reading its build.log), drop the others
-find "$CACHE/build" -mindepth 1 -maxdepth 1 ! -name "$key" -exec rm -rf {} +
+find "$builds" -mindepth 1 -maxdepth 1 ! -name "$key" -exec rm -rf {} +
 echo "$key" > "$stamp"
 log "installed into $dest in $(( $(date +%s) - start )) s ($mode)"
