@@ -3,7 +3,12 @@
 `byteps_cluster(...)` starts the processes by hand (environment variables, no launcher), each in its
 own process group, and always kills every group when it returns, raises or times out: a cluster
 test can fail but never hang and never leave processes behind.
+
+BYTEPS_THC_FORK_DIR=DIR runs the cluster on another build of the fork, one that
+`scripts/build_byteps.sh --target DIR` installed there (e.g. the series without one fix, see
+`make test-upstream-bugs`): every process imports `byteps` from DIR first. Unset: the .venv's.
 """
+import glob
 import importlib.util
 import os
 import shutil
@@ -17,10 +22,15 @@ import time
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_fork_dir = os.environ.get("BYTEPS_THC_FORK_DIR", "")
+FORK_DIR = os.path.abspath(_fork_dir) if _fork_dir else ""  # another build of the fork (above)
 
 
 def fork_installed():
     """The BytePS fork is installed (find_spec, not import: importing byteps.server serves)."""
+    if FORK_DIR:
+        return all(glob.glob(os.path.join(FORK_DIR, "byteps", sub, "c_lib*.so"))
+                   for sub in ("server", "torch"))
     try:
         return all(importlib.util.find_spec(m) is not None for m in ("byteps.server", "byteps.torch"))
     except ImportError:
@@ -28,7 +38,8 @@ def fork_installed():
 
 
 needs_fork = pytest.mark.skipif(not fork_installed(),
-                                reason="BytePS fork not installed (make byteps)")
+                                reason="BytePS fork not installed (make byteps)"
+                                + (" in BYTEPS_THC_FORK_DIR=" + FORK_DIR if FORK_DIR else ""))
 
 
 def free_port():
@@ -45,7 +56,7 @@ def base_env(num_workers, num_servers, port, extra=None):
         "DMLC_NUM_WORKER": str(num_workers), "DMLC_NUM_SERVER": str(num_servers),
         "DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": str(port),
         "DMLC_NODE_HOST": "127.0.0.1", "PYTHONUNBUFFERED": "1",
-        "PYTHONPATH": ROOT + os.pathsep + env.get("PYTHONPATH", ""),
+        "PYTHONPATH": os.pathsep.join(p for p in (FORK_DIR, ROOT, env.get("PYTHONPATH")) if p),
         "BYTEPS_SERVER_ENGINE_THREAD": "2", "OMP_NUM_THREADS": "1",
     })
     env.update(extra or {})
@@ -122,7 +133,8 @@ def _kill_all(procs):
 def fork():
     """Skip unless the BytePS fork is installed."""
     if not fork_installed():
-        pytest.skip("BytePS fork not installed (make byteps)")
+        pytest.skip("BytePS fork not installed (make byteps)"
+                    + (" in BYTEPS_THC_FORK_DIR=" + FORK_DIR if FORK_DIR else ""))
 
 
 @pytest.fixture

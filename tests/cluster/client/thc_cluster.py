@@ -60,10 +60,18 @@ def free_port() -> int:
 # ---- the pieces from the fork build ------------------------------------------------------------
 def server_argv() -> Optional[List[str]]:
     """How to start BytePS's server/scheduler; None when the fork build is not installed.
-    BYTEPS_THC_SERVER_LIB may point at a server library to load instead (development)."""
+    BYTEPS_THC_SERVER_LIB may point at a server library to load instead (development);
+    BYTEPS_THC_FORK_DIR at a build that `scripts/build_byteps.sh --target DIR` installed."""
     lib = os.environ.get("BYTEPS_THC_SERVER_LIB")
     if lib:
         code = f"import ctypes; ctypes.CDLL({lib!r}, ctypes.RTLD_GLOBAL).byteps_server()"
+        return [sys.executable, "-c", code]
+    fork_dir = os.environ.get("BYTEPS_THC_FORK_DIR")
+    if fork_dir:
+        if not list(Path(fork_dir, "byteps", "server").glob("c_lib*.so")):
+            return None
+        code = (f"import sys; sys.path.insert(0, {fork_dir!r}); import importlib.util as u; "
+                "print('byteps from', u.find_spec('byteps').origin, flush=True); import byteps.server")
         return [sys.executable, "-c", code]
     import importlib.util
     spec = importlib.util.find_spec("byteps")
