@@ -16,7 +16,7 @@ help:
 	@echo "make ext    - build the codec extension byteps_thc._C"
 	@echo "make byteps - build and install the BytePS fork (pinned sdist + our patches)"
 	@echo "make bench  - codec benchmark (scripts/bench_codec.py)"
-	@echo "make test-tf    - the fork with its TensorFlow plugin, then the TF tests"
+	@echo "make test-tf    - the TensorFlow tests alone (make test runs them too)"
 	@echo "make test-mxnet - MXNet in its own environment (.cache/venv-mxnet; not part of make test)"
 
 venv: $(VENV)
@@ -54,12 +54,12 @@ clean:
 distclean: clean
 	rm -rf .venv .cache
 
-# TensorFlow plugin of the fork (opt-in for now: BYTEPS_THC_TENSORFLOW=1; tensorflow-cpu is in .venv).
+# TensorFlow: `make byteps` builds the fork's TF plugin too (tensorflow-cpu is in .venv;
+# BYTEPS_THC_TENSORFLOW=0 skips it) and `make test` runs its tests; these run them alone.
 .PHONY: byteps-tf test-tf
-byteps-tf: $(VENV)
-	@BYTEPS_THC_TENSORFLOW=1 nice scripts/build_byteps.sh
+byteps-tf: byteps
 
-test-tf: ext byteps-tf
+test-tf: ext byteps
 	$(PY) -m pytest -q -rs tests/unit/test_tf_adapter.py tests/cluster/test_tf_train.py
 
 # MXNet (optional; not part of `make test`): mxnet 1.9.1 imports on Python 3.11 only with
@@ -70,7 +70,7 @@ mxnet-env:
 	@test -x $(MXPY) || python3 -m venv .cache/venv-mxnet
 	$(MXPY) -m pip install -q --disable-pip-version-check mxnet==1.9.1 numpy==1.23.5 \
 	    scikit-learn==1.3.2 setuptools==75.1.0 wheel==0.44.0
-	@BYTEPS_THC_MXNET=1 PY=$(MXPY) nice scripts/build_byteps.sh
+	@BYTEPS_THC_MXNET=1 PY=$(CURDIR)/$(MXPY) nice scripts/build_byteps.sh
 
 test-mxnet: $(VENV) mxnet-env
 	$(PY) -m pytest -q -rs tests/cluster/test_mxnet_train.py

@@ -21,6 +21,7 @@
 #                            only when torch is built with CUDA *and* sees a GPU (driver + device);
 #                            an installed nvcc alone does not count (CI has nvcc and no GPU).
 #   BYTEPS_BUILD_JOBS=N      parallel compiles (default 2).  PY=...  the Python to build for.
+#   BYTEPS_THC_TENSORFLOW=0  no TensorFlow plugin (built by default when tensorflow is importable).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -47,7 +48,7 @@ while [ $# -gt 0 ]; do
     --without) without="${without:+$without,}$2"; shift ;;
     --devtree) devtree="$2"; shift ;;
     --export) export_dir="$2"; shift ;;
-    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
     *) die "unknown argument $1" ;;
   esac
   shift
@@ -118,12 +119,12 @@ fi
 export BYTEPS_THC_CPU_ONLY
 [ "$BYTEPS_THC_CPU_ONLY" = 1 ] && mode="cpu-only worker" || mode="CUDA worker"
 [ "$server_only" = 1 ] && mode="server only"
-# Other framework plugins (issue 6). BYTEPS_THC_TENSORFLOW=1: also the TensorFlow plugin, when
-# tensorflow is importable here (opt-in until its cluster tests have run on CI's machine; `make
-# byteps-tf`); if it fails to build, setup.py skips it and build.log says why.
-# BYTEPS_THC_MXNET=1: the MXNet plugin instead of torch's (MXNet's own environment, make mxnet-env).
+# Other framework plugins (issue 6). The TensorFlow plugin too, by default, when tensorflow is
+# importable here (requirements.txt pins tensorflow-cpu); a failing TF plugin fails the build.
+# BYTEPS_THC_TENSORFLOW=0: torch's only. BYTEPS_THC_MXNET=1: the MXNet plugin instead of torch's
+# (MXNet's own environment, make mxnet-env).
 with_tf=0 with_mx="${BYTEPS_THC_MXNET:-0}"
-if [ "$server_only" = 0 ] && [ "$with_mx" != 1 ] && [ "${BYTEPS_THC_TENSORFLOW:-0}" = 1 ] &&
+if [ "$server_only" = 0 ] && [ "$with_mx" != 1 ] && [ "${BYTEPS_THC_TENSORFLOW:-1}" = 1 ] &&
    "$PY" -c 'import importlib.util as u, sys; sys.exit(u.find_spec("tensorflow") is None)' 2>/dev/null; then
   with_tf=1 mode="$mode + TensorFlow"
 fi
@@ -197,7 +198,7 @@ if [ "$server_only" = 1 ]; then
 else
   export BYTEPS_WITH_PYTORCH=1  # a failing torch plugin fails the build instead of being skipped
 fi
-if [ "$with_tf" = 1 ]; then unset BYTEPS_WITHOUT_TENSORFLOW; fi
+if [ "$with_tf" = 1 ]; then unset BYTEPS_WITHOUT_TENSORFLOW; export BYTEPS_WITH_TENSORFLOW=1; fi
 if [ "$server_only" = 0 ] && [ "$with_mx" = 1 ]; then
   unset BYTEPS_WITHOUT_MXNET BYTEPS_WITH_PYTORCH; export BYTEPS_WITHOUT_PYTORCH=1 BYTEPS_WITH_MXNET=1
 fi
