@@ -94,8 +94,11 @@ if [ -n "$devtree" ]; then
   for p in $(patch_list); do
     git apply --whitespace=nowarn "$p" || die "$(basename "$p") does not apply"
     git add -A
-    { basename "$p"; echo; sed -n '/^Subject: /,/^---$/p' "$p" | sed '1s/^Subject: \(\[PATCH\] \)\{0,1\}//;$d'; } |
-      git -c user.name=byteps-thc -c user.email=byteps-thc@localhost commit -q -F -
+    # the message: the file name as subject, then the patch's own words (its subject and body)
+    msg="$(awk '/^Subject: /{on=1} on&&(/^---$/||/^diff --git /){exit} on' "$p" |
+           sed '1s/^Subject: \(\[PATCH\] \)\{0,1\}//')"
+    [ "$(head -n1 <<< "$msg")" = "$(basename "$p")" ] || msg="$(basename "$p")"$'\n\n'"$msg"
+    git -c user.name=byteps-thc -c user.email=byteps-thc@localhost commit -q -m "$msg"
   done
   log "dev tree ready in $devtree: one commit a patch (subject = patch file name), tag 'pristine'"
   exit 0
@@ -105,8 +108,11 @@ if [ -n "$export_dir" ]; then
   for c in $(git rev-list --reverse pristine..HEAD); do
     name="$(git log -1 --format=%s "$c")"
     [[ "$name" =~ ^[0-9]{4}-[A-Za-z0-9._-]+\.patch$ ]] || die "commit $c: subject must be NNNN-name.patch, is '$name'"
-    git format-patch -1 "$c" -U1 --no-signature --zero-commit --no-stat --stdout > "$PATCHES/$name"
-    log "wrote csrc/byteps/patches/$name"
+    tmp="$(mktemp)"
+    git format-patch -1 "$c" -U1 --no-signature --zero-commit --no-stat --stdout |
+      sed '/^Date: /d' > "$tmp"   # unchanged patches stay byte-identical
+    # the first line of the message is the file name (the subject); the rest says why
+    if cmp -s "$tmp" "$PATCHES/$name"; then rm -f "$tmp"; else mv "$tmp" "$PATCHES/$name"; log "wrote csrc/byteps/patches/$name"; fi
   done
   exit 0
 fi
