@@ -17,61 +17,46 @@ from __future__ import annotations
 import os
 from typing import Mapping, Optional
 
-from .config import ENV as _ENV
+from .compression import (DEFAULT_MIN_COMPRESS_BYTES, ENV_COMPRESSOR,  # noqa: F401
+                          ENV_MIN_COMPRESS_BYTES, THC_PARAMS, min_compress_bytes, thc_config,
+                          thc_repr)
 from .config import ThcConfig
-
-ENV_COMPRESSOR = _ENV["compressor"]
-ENV_MIN_COMPRESS_BYTES = "BYTEPS_MIN_COMPRESS_BYTES"
-DEFAULT_MIN_COMPRESS_BYTES = 65536
-_THC_PARAMS = ("bits", "granularity", "overflow_prob", "seed", "rotation_block", "error_feedback")
-
-
-def min_compress_bytes(environ: Optional[Mapping[str, str]] = None) -> int:
-    env = os.environ if environ is None else environ
-    raw = env.get(ENV_MIN_COMPRESS_BYTES, "")
-    return int(raw) if raw.strip() else DEFAULT_MIN_COMPRESS_BYTES
 
 
 class ThcCompression:
     """THC for MXNet: the kwargs each large float parameter's gradient is declared with."""
 
     def __init__(self, config: ThcConfig):
-        if not isinstance(config, ThcConfig):
-            raise TypeError(f"config must be a ThcConfig, not {type(config).__name__}")
-        self.config = config
+        self.config = thc_config(config=config)
 
     def kwargs(self) -> dict:
         return self.config.to_kwargs()
 
     def __repr__(self):
-        c = self.config
-        return (f"Compression.thc(bits={c.bits}, granularity={c.granularity}, "
-                f"overflow_prob={c.overflow_prob!r}, seed={c.seed}, "
-                f"rotation_block={c.rotation_block}, error_feedback={c.error_feedback})")
+        return thc_repr(self.config)
 
 
 def thc(bits: int = 4, granularity: int = 30, overflow_prob: float = 1.0 / 32, seed: int = 42,
         rotation_block: Optional[int] = None, error_feedback: bool = True,
         config: Optional[ThcConfig] = None) -> ThcCompression:
-    if config is None:
-        config = ThcConfig(bits=bits, granularity=granularity, overflow_prob=overflow_prob,
-                           seed=seed, rotation_block=rotation_block, error_feedback=error_feedback)
-    return ThcCompression(config)
+    return ThcCompression(thc_config(bits, granularity, overflow_prob, seed, rotation_block,
+                                     error_feedback, config))
 
 
 def from_params(compression_params: Optional[Mapping]) -> Optional[ThcCompression]:
     """THC from upstream-style `compression_params` ({"compressor": "thc", "bits": 4, ...})."""
     if not compression_params or compression_params.get("compressor") != "thc":
         return None
-    unknown = set(compression_params) - {"compressor", *_THC_PARAMS}
+    unknown = set(compression_params) - {"compressor", *THC_PARAMS}
     if unknown:
         raise ValueError(f"compression_params for thc: unknown keys {sorted(unknown)}; "
-                         f"known: {list(_THC_PARAMS)}")
+                         f"known: {list(THC_PARAMS)}")
     return thc(**{k: v for k, v in compression_params.items() if k != "compressor"})
 
 
 def from_env(environ: Optional[Mapping[str, str]] = None) -> Optional[ThcCompression]:
-    """THC when `bpslaunch --compressor thc` chose it (BYTEPS_COMPRESSOR, BYTEPS_THC_*)."""
+    """THC when `bpslaunch --compressor thc` chose it (BYTEPS_COMPRESSOR, BYTEPS_THC_*); None
+    for anything else (BytePS's own compressors are chosen with compression_params)."""
     env = os.environ if environ is None else environ
     if (env.get(ENV_COMPRESSOR) or "none").strip().lower() != "thc":
         return None

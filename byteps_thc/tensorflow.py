@@ -48,14 +48,10 @@ from typing import Dict, List, Mapping, Optional, Sequence
 
 import tensorflow as tf
 
-from .config import ENV as _ENV
-from .config import ThcConfig
-
-ENV_COMPRESSOR = _ENV["compressor"]
-ENV_COMPRESSOR_K = "BYTEPS_COMPRESSOR_K"
-ENV_COMPRESSOR_EF = "BYTEPS_COMPRESSOR_EF"
-ENV_MIN_COMPRESS_BYTES = "BYTEPS_MIN_COMPRESS_BYTES"
-DEFAULT_MIN_COMPRESS_BYTES = 65536  # BytePS's default, bytes of the tensor as pushed
+from . import compression as _c
+from .compression import (DEFAULT_MIN_COMPRESS_BYTES, ENV_COMPRESSOR, ENV_COMPRESSOR_EF,  # noqa: F401
+                          ENV_COMPRESSOR_K, ENV_MIN_COMPRESS_BYTES, Compressor, min_compress_bytes)
+from .config import ThcConfig  # noqa: F401 - part of this module's namespace
 
 Average = "Average"
 Sum = "Sum"
@@ -77,34 +73,10 @@ def rank() -> int:
     return _ops().rank()
 
 
-def min_compress_bytes(environ: Optional[Mapping[str, str]] = None) -> int:
-    env = os.environ if environ is None else environ
-    raw = env.get(ENV_MIN_COMPRESS_BYTES, "")
-    return int(raw) if raw.strip() else DEFAULT_MIN_COMPRESS_BYTES
-
-
 # ------------------------------------------------------------------------------------------------
-# Compressors (the TensorFlow twins of byteps_thc.torch's; the kwargs are the same strings)
+# Compressors (the TensorFlow twins of byteps_thc.torch's; kwargs and from_env are
+# byteps_thc.compression's, the same strings on every framework)
 # ------------------------------------------------------------------------------------------------
-class Compressor:
-    """compress(tensor) -> (tensor_for_bytes, ctx), decompress(tensor, ctx) -> tensor run around
-    the push_pull; `kwargs(tensor)` are the BytePS compressor kwargs the tensor is declared with
-    (None: no C++ compressor)."""
-    name = "none"
-
-    def compress(self, tensor):
-        return tensor, None
-
-    def decompress(self, tensor, ctx):
-        return tensor
-
-    def kwargs(self, tensor) -> Optional[Dict[str, str]]:
-        return None
-
-    def __repr__(self):
-        return f"Compression.{self.name}"
-
-
 class NoneCompressor(Compressor):
     """No compression. bfloat16 travels as float32, small integer types as int32."""
     name = "none"
@@ -132,12 +104,8 @@ class FP16Compressor(Compressor):
         return tensor if ctx is None else tf.cast(tensor, ctx)
 
 
-class RegistryCompressor(Compressor):
+class RegistryCompressor(_c.RegistryCompressor):
     """A compressor of BytePS's C++ registry, chosen by kwargs; tensors travel as float32."""
-
-    def __init__(self, name: str, kwargs: Mapping[str, str]):
-        self.name = name
-        self._kwargs = {k: str(v) for k, v in kwargs.items()}
 
     def compress(self, tensor):
         if tensor.dtype.is_floating and tensor.dtype != tf.float32:
@@ -147,111 +115,28 @@ class RegistryCompressor(Compressor):
     def decompress(self, tensor, ctx):
         return tensor if ctx is None else tf.cast(tensor, ctx)
 
-    def wire_bytes(self, tensor) -> int:
-        """Bytes of the tensor as BytePS sees it (the float32 copy)."""
-        return int(tensor.shape.num_elements()) * 4
+    def is_floating(self, tensor) -> bool:
+        return tensor.dtype.is_floating
 
-    def kwargs(self, tensor, environ: Optional[Mapping[str, str]] = None):
-        if not tensor.dtype.is_floating or tensor.shape.num_elements() is None:
-            return None
-        if self.wire_bytes(tensor) < min_compress_bytes(environ):
-            return None
-        return dict(self._kwargs)
-
-    def __repr__(self):
-        return f"Compression.{self.name}({', '.join(f'{k}={v}' for k, v in self._kwargs.items())})"
+    def wire_bytes(self, tensor) -> Optional[int]:
+        """Bytes of the tensor as BytePS sees it (the float32 copy); None for unknown shapes."""
+        n = tensor.shape.num_elements()
+        return None if n is None else int(n) * 4
 
 
-class ThcCompressor(RegistryCompressor):
+class ThcCompressor(_c.ThcMixin, RegistryCompressor):
     """THC: table indices up, integer sums down (docs/ALGORITHM.md); kwargs = config.to_kwargs()."""
 
-    def __init__(self, config: ThcConfig):
-        if not isinstance(config, ThcConfig):
-            raise TypeError(f"config must be a ThcConfig, not {type(config).__name__}")
-        self.config = config
-        super().__init__("thc", config.to_kwargs())
 
-    def __repr__(self):
-        c = self.config
-        return (f"Compression.thc(bits={c.bits}, granularity={c.granularity}, "
-                f"overflow_prob={c.overflow_prob!r}, seed={c.seed}, "
-                f"rotation_block={c.rotation_block}, error_feedback={c.error_feedback})")
-
-    def __eq__(self, other):
-        return isinstance(other, ThcCompressor) and other.config == self.config
-
-    def __hash__(self):
-        return hash(self.config)
-
-
-class Compression:
+class Compression(_c.CompressionBase):
     """Optional gradient compression used by DistributedGradientTape, DistributedOptimizer and
     push_pull: `none`, `fp16`, `thc(...)`, BytePS's `onebit()`, `topk(k)`, `randomk(k)`,
     `dithering(k)`, or `from_env()` (what bpslaunch --compressor chose)."""
 
     none = NoneCompressor()
     fp16 = FP16Compressor()
-
-    @staticmethod
-    def thc(bits: int = 4, granularity: int = 30, overflow_prob: float = 1.0 / 32,
-            seed: int = 42, rotation_block: Optional[int] = None, error_feedback: bool = True,
-            config: Optional[ThcConfig] = None) -> ThcCompressor:
-        """THC with these parameters (or a ready `config`); validated here, before any push."""
-        if config is None:
-            config = ThcConfig(bits=bits, granularity=granularity, overflow_prob=overflow_prob,
-                               seed=seed, rotation_block=rotation_block,
-                               error_feedback=error_feedback)
-        return ThcCompressor(config)
-
-    @staticmethod
-    def onebit(scaling: bool = False, error_feedback: bool = False) -> RegistryCompressor:
-        kw = {"compressor_type": "onebit", "compressor_onebit_scaling": str(bool(scaling)).lower()}
-        if error_feedback:
-            kw["ef_type"] = "vanilla"
-        return RegistryCompressor("onebit", kw)
-
-    @staticmethod
-    def topk(k, error_feedback: bool = False) -> RegistryCompressor:
-        return Compression._k_compressor("topk", k, None, error_feedback)
-
-    @staticmethod
-    def randomk(k, seed: Optional[int] = None, error_feedback: bool = False) -> RegistryCompressor:
-        return Compression._k_compressor("randomk", k, seed, error_feedback)
-
-    @staticmethod
-    def dithering(k, seed: Optional[int] = None, error_feedback: bool = False) -> RegistryCompressor:
-        return Compression._k_compressor("dithering", k, seed, error_feedback)
-
-    @staticmethod
-    def _k_compressor(name, k, seed, error_feedback):
-        kw = {"compressor_type": name, "compressor_k": str(k)}
-        if seed is not None:
-            kw["seed"] = str(seed)
-        if error_feedback:
-            kw["ef_type"] = "vanilla"
-        return RegistryCompressor(name, kw)
-
-    @staticmethod
-    def from_env(environ: Optional[Mapping[str, str]] = None) -> Compressor:
-        """The compressor `bpslaunch --compressor` chose (BYTEPS_COMPRESSOR, BYTEPS_THC_*...)."""
-        env = os.environ if environ is None else environ
-        name = (env.get(ENV_COMPRESSOR) or "none").strip().lower()
-        ef = (env.get(ENV_COMPRESSOR_EF) or "none").strip().lower() == "vanilla"
-        if name == "none":
-            return Compression.none
-        if name == "fp16":
-            return Compression.fp16
-        if name == "thc":
-            return ThcCompressor(ThcConfig.from_env(env))
-        if name == "onebit":
-            return Compression.onebit(error_feedback=ef)
-        if name in ("topk", "randomk", "dithering"):
-            k = env.get(ENV_COMPRESSOR_K)
-            if not k:
-                raise ValueError(f"{ENV_COMPRESSOR}={name} needs {ENV_COMPRESSOR_K}")
-            return getattr(Compression, name)(k, error_feedback=ef)
-        raise ValueError(f"{ENV_COMPRESSOR}={name!r} is not one of none, fp16, thc, onebit, "
-                         "topk, randomk, dithering")
+    _registry_class = RegistryCompressor
+    _thc_class = ThcCompressor
 
 
 def _resolve(compression) -> Compressor:

@@ -35,14 +35,10 @@ from typing import Dict, Iterable, Mapping, Optional, Tuple
 
 import torch
 
-from .config import ENV as _ENV
-from .config import ThcConfig
-
-ENV_COMPRESSOR = _ENV["compressor"]
-ENV_COMPRESSOR_K = "BYTEPS_COMPRESSOR_K"
-ENV_COMPRESSOR_EF = "BYTEPS_COMPRESSOR_EF"
-ENV_MIN_COMPRESS_BYTES = "BYTEPS_MIN_COMPRESS_BYTES"
-DEFAULT_MIN_COMPRESS_BYTES = 65536  # BytePS's default, bytes of the tensor as pushed
+from . import compression as _c
+from .compression import (DEFAULT_MIN_COMPRESS_BYTES, ENV_COMPRESSOR, ENV_COMPRESSOR_EF,  # noqa: F401
+                          ENV_COMPRESSOR_K, ENV_MIN_COMPRESS_BYTES, Compressor, min_compress_bytes)
+from .config import ThcConfig  # noqa: F401 - part of this module's namespace
 
 # dtypes BytePS's torch plugin pushes as they are; others (bfloat16) travel as float32.
 _NATIVE = (torch.float32, torch.float64, torch.float16, torch.uint8, torch.int32, torch.int64)
@@ -53,37 +49,9 @@ def _ops():
     return ops
 
 
-def min_compress_bytes(environ: Optional[Mapping[str, str]] = None) -> int:
-    env = os.environ if environ is None else environ
-    raw = env.get(ENV_MIN_COMPRESS_BYTES, "")
-    return int(raw) if raw.strip() else DEFAULT_MIN_COMPRESS_BYTES
-
-
 # ------------------------------------------------------------------------------------------------
-# Compressors
+# Compressors (the framework-free part, kwargs and from_env, is byteps_thc.compression's)
 # ------------------------------------------------------------------------------------------------
-class Compressor:
-    """Interface of a gradient compressor, as BytePS/Horovod define it, plus the registry hook.
-
-    compress(tensor) -> (tensor_for_bytes, ctx) and decompress(tensor, ctx) -> tensor run in
-    Python around the push_pull; `kwargs(tensor)` returns the BytePS compressor kwargs under which
-    the tensor is declared (None: no C++ compressor).
-    """
-    name = "none"
-
-    def compress(self, tensor: torch.Tensor):
-        return tensor, None
-
-    def decompress(self, tensor: torch.Tensor, ctx):
-        return tensor
-
-    def kwargs(self, tensor: torch.Tensor) -> Optional[Dict[str, str]]:
-        return None
-
-    def __repr__(self):
-        return f"Compression.{self.name}"
-
-
 class NoneCompressor(Compressor):
     """No compression (the default without bpslaunch --compressor). bfloat16 travels as float32."""
     name = "none"
@@ -110,12 +78,8 @@ class FP16Compressor(Compressor):
         return tensor if ctx is None else tensor.to(ctx)
 
 
-class RegistryCompressor(Compressor):
+class RegistryCompressor(_c.RegistryCompressor):
     """A compressor of BytePS's C++ registry, chosen by kwargs; tensors travel as float32."""
-
-    def __init__(self, name: str, kwargs: Mapping[str, str]):
-        self.name = name
-        self._kwargs = {k: str(v) for k, v in kwargs.items()}
 
     def compress(self, tensor):
         if tensor.dtype == torch.float32 or not tensor.dtype.is_floating_point:
@@ -125,120 +89,32 @@ class RegistryCompressor(Compressor):
     def decompress(self, tensor, ctx):
         return tensor if ctx is None else tensor.to(ctx)
 
+    def is_floating(self, tensor) -> bool:
+        return tensor.dtype.is_floating_point
+
     def wire_bytes(self, tensor) -> int:
         """Bytes of the tensor as BytePS sees it (the float32 copy)."""
         return tensor.numel() * (4 if tensor.dtype.is_floating_point else tensor.element_size())
 
-    def kwargs(self, tensor, environ: Optional[Mapping[str, str]] = None):
-        if not tensor.dtype.is_floating_point:
-            return None
-        if self.wire_bytes(tensor) < min_compress_bytes(environ):
-            return None
-        return dict(self._kwargs)
 
-    def __repr__(self):
-        return f"Compression.{self.name}({', '.join(f'{k}={v}' for k, v in self._kwargs.items())})"
-
-
-class ThcCompressor(RegistryCompressor):
+class ThcCompressor(_c.ThcMixin, RegistryCompressor):
     """THC: 4-bit (by default) table indices up, integer sums down; see docs/ALGORITHM.md.
 
     Carries one ThcConfig; `kwargs()` is `config.to_kwargs()`, which the worker declares and the
     server checks on every push.
     """
 
-    def __init__(self, config: ThcConfig):
-        if not isinstance(config, ThcConfig):
-            raise TypeError(f"config must be a ThcConfig, not {type(config).__name__}")
-        self.config = config
-        super().__init__("thc", config.to_kwargs())
 
-    def __repr__(self):
-        c = self.config
-        return (f"Compression.thc(bits={c.bits}, granularity={c.granularity}, "
-                f"overflow_prob={c.overflow_prob!r}, seed={c.seed}, "
-                f"rotation_block={c.rotation_block}, error_feedback={c.error_feedback})")
+class Compression(_c.CompressionBase):
+    """Optional gradient compression used by DistributedOptimizer and push_pull: `none` (do not
+    compress), `fp16` (cast floating-point gradients to 16 bits), `thc(...)`, BytePS's
+    `onebit()`, `topk(k)`, `randomk(k)`, `dithering(k)`, or `from_env()` (what bpslaunch
+    --compressor chose)."""
 
-    def __eq__(self, other):
-        return isinstance(other, ThcCompressor) and other.config == self.config
-
-    def __hash__(self):
-        return hash(self.config)
-
-
-class Compression:
-    """Optional gradient compression used by DistributedOptimizer and push_pull."""
-
-    """Do not compress the gradients."""
     none = NoneCompressor()
-
-    """Cast floating-point gradients to 16 bits."""
     fp16 = FP16Compressor()
-
-    @staticmethod
-    def thc(bits: int = 4, granularity: int = 30, overflow_prob: float = 1.0 / 32,
-            seed: int = 42, rotation_block: Optional[int] = None, error_feedback: bool = True,
-            config: Optional[ThcConfig] = None) -> ThcCompressor:
-        """THC with these parameters (or a ready `config`); validated here, before any push."""
-        if config is None:
-            config = ThcConfig(bits=bits, granularity=granularity, overflow_prob=overflow_prob,
-                               seed=seed, rotation_block=rotation_block,
-                               error_feedback=error_feedback)
-        return ThcCompressor(config)
-
-    @staticmethod
-    def onebit(scaling: bool = False, error_feedback: bool = False) -> RegistryCompressor:
-        kw = {"compressor_type": "onebit", "compressor_onebit_scaling": str(bool(scaling)).lower()}
-        if error_feedback:
-            kw["ef_type"] = "vanilla"
-        return RegistryCompressor("onebit", kw)
-
-    @staticmethod
-    def topk(k, error_feedback: bool = False) -> RegistryCompressor:
-        return Compression._k_compressor("topk", k, error_feedback)
-
-    @staticmethod
-    def randomk(k, seed: Optional[int] = None, error_feedback: bool = False) -> RegistryCompressor:
-        c = Compression._k_compressor("randomk", k, error_feedback)
-        if seed is not None:
-            c._kwargs["seed"] = str(seed)
-        return c
-
-    @staticmethod
-    def dithering(k, seed: Optional[int] = None, error_feedback: bool = False) -> RegistryCompressor:
-        c = Compression._k_compressor("dithering", k, error_feedback)
-        if seed is not None:
-            c._kwargs["seed"] = str(seed)
-        return c
-
-    @staticmethod
-    def _k_compressor(name, k, error_feedback):
-        kw = {"compressor_type": name, "compressor_k": str(k)}
-        if error_feedback:
-            kw["ef_type"] = "vanilla"
-        return RegistryCompressor(name, kw)
-
-    @staticmethod
-    def from_env(environ: Optional[Mapping[str, str]] = None) -> Compressor:
-        """The compressor `bpslaunch --compressor` chose (BYTEPS_COMPRESSOR, BYTEPS_THC_*...)."""
-        env = os.environ if environ is None else environ
-        name = (env.get(ENV_COMPRESSOR) or "none").strip().lower()
-        ef = (env.get(ENV_COMPRESSOR_EF) or "none").strip().lower() == "vanilla"
-        if name == "none":
-            return Compression.none
-        if name == "fp16":
-            return Compression.fp16
-        if name == "thc":
-            return ThcCompressor(ThcConfig.from_env(env))
-        if name == "onebit":
-            return Compression.onebit(error_feedback=ef)
-        if name in ("topk", "randomk", "dithering"):
-            k = env.get(ENV_COMPRESSOR_K)
-            if not k:
-                raise ValueError(f"{ENV_COMPRESSOR}={name} needs {ENV_COMPRESSOR_K}")
-            return getattr(Compression, name)(k, error_feedback=ef)
-        raise ValueError(f"{ENV_COMPRESSOR}={name!r} is not one of none, fp16, thc, onebit, "
-                         "topk, randomk, dithering")
+    _registry_class = RegistryCompressor
+    _thc_class = ThcCompressor
 
 
 # ------------------------------------------------------------------------------------------------

@@ -1,0 +1,63 @@
+"""byteps_thc.compression: the framework-free part every adapter (torch, TensorFlow, MXNet) uses."""
+import pytest
+
+from byteps_thc import compression as c
+from byteps_thc.config import ThcConfig
+
+
+def test_from_env_reads_what_bpslaunch_sets():
+    assert c.compressor_from_env({}) == ("none", None)
+    assert c.compressor_from_env({"BYTEPS_COMPRESSOR": " FP16 "}) == ("fp16", None)
+    name, cfg = c.compressor_from_env({"BYTEPS_COMPRESSOR": "thc", "BYTEPS_THC_BITS": "3",
+                                       "BYTEPS_THC_GRANULARITY": "14"})
+    assert name == "thc" and cfg == ThcConfig(bits=3, granularity=14)
+    assert c.compressor_from_env({"BYTEPS_COMPRESSOR": "onebit", "BYTEPS_COMPRESSOR_EF": "vanilla"}) \
+        == ("onebit", {"compressor_type": "onebit", "compressor_onebit_scaling": "false",
+                       "ef_type": "vanilla"})
+    assert c.compressor_from_env({"BYTEPS_COMPRESSOR": "topk", "BYTEPS_COMPRESSOR_K": "0.01"}) \
+        == ("topk", {"compressor_type": "topk", "compressor_k": "0.01"})
+    with pytest.raises(ValueError, match="BYTEPS_COMPRESSOR_K"):
+        c.compressor_from_env({"BYTEPS_COMPRESSOR": "randomk"})
+    with pytest.raises(ValueError, match="'zip'"):
+        c.compressor_from_env({"BYTEPS_COMPRESSOR": "zip"})
+
+
+def test_registry_kwargs():
+    assert c.k_kwargs("randomk", 4, seed=7, error_feedback=True) == {
+        "compressor_type": "randomk", "compressor_k": "4", "seed": "7", "ef_type": "vanilla"}
+    with pytest.raises(ValueError):
+        c.k_kwargs("thc", 4)
+    assert c.thc_config(bits=2, granularity=3) == ThcConfig(bits=2, granularity=3)
+    cfg = ThcConfig(seed=5)
+    assert c.thc_config(config=cfg) is cfg
+    with pytest.raises(TypeError):
+        c.thc_config(config={"bits": 4})
+    assert c.min_compress_bytes({}) == 65536
+    assert c.min_compress_bytes({"BYTEPS_MIN_COMPRESS_BYTES": "0"}) == 0
+
+
+def test_compression_base_with_a_toy_adapter():
+    class Registry(c.RegistryCompressor):   # "tensors" are (is_float, nbytes) pairs
+        def is_floating(self, t):
+            return t[0]
+
+        def wire_bytes(self, t):
+            return t[1]
+
+    class Thc(c.ThcMixin, Registry):
+        pass
+
+    class Compression(c.CompressionBase):
+        none, fp16 = c.Compressor(), c.Compressor()
+        _registry_class, _thc_class = Registry, Thc
+
+    thc = Compression.thc(bits=3, granularity=14)
+    assert thc == Compression.from_env({"BYTEPS_COMPRESSOR": "thc", "BYTEPS_THC_BITS": "3",
+                                        "BYTEPS_THC_GRANULARITY": "14"})
+    assert repr(thc).startswith("Compression.thc(bits=3, granularity=14,")
+    assert thc.kwargs((True, 1 << 20)) == ThcConfig(bits=3, granularity=14).to_kwargs()
+    assert thc.kwargs((True, 100)) is None and thc.kwargs((False, 1 << 20)) is None
+    assert thc.kwargs((True, None)) is None
+    assert Compression.from_env({}) is Compression.none
+    d = Compression.dithering(2, seed=1)
+    assert type(d) is Registry and d.kwargs((True, 1 << 20))["compressor_type"] == "dithering"
