@@ -631,6 +631,25 @@ def plot(records: Sequence[dict], outdir: str) -> List[str]:
     return written
 
 
+def repredict(records: List[dict], costs) -> None:
+    """The advisor's predictions for earlier replay records, made anew with the current model and
+    this host's costs (the measured fields stay as they were)."""
+    for r in records:
+        if r.get("kind") != "replay":
+            continue
+        spec = advise.parse_spec(r["compressor"], r["workers"])
+        tensors = [math.prod(s) for s in replay_shapes(r["workload"])]
+        link = r.get("link_gbit_measured") or r["bandwidth_gbit"]
+        sc = advise.Scenario(tensors, r["bandwidth_gbit"], r["compute_ms"] / 1e3, r["workers"],
+                             efficiency=min(1.0, link / r["bandwidth_gbit"]),
+                             cores=os.cpu_count())
+        pred = advise.predict_one(sc, spec, costs)
+        r.update(predicted_step_time_s=pred.step_s, predicted_bound=pred.bound,
+                 predicted_wire_bytes_per_step=pred.wire_bytes_per_step)
+        if r.get("step_time_s"):
+            r["prediction_error"] = (pred.step_s - r["step_time_s"]) / r["step_time_s"]
+
+
 def report(records: List[dict], a: argparse.Namespace) -> None:
     """The table, the advisor's accuracy, and the plots and JSON asked for."""
     print()
@@ -708,6 +727,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--json", metavar="PATH", help="write one record per run")
     ap.add_argument("--plot", metavar="DIR", help="write PNG plots here")
     ap.add_argument("--logdir", default=None, help="keep the processes' logs here")
+    ap.add_argument("--repredict", action="store_true",
+                    help="with --from-json: the advisor's predictions made anew (current model, "
+                         "this host's costs)")
     ap.add_argument("--from-json", metavar="PATHS",
                     help="run nothing: print the table and write --plot/--json from these "
                          "earlier --json outputs (comma-separated; merged in order)")
@@ -725,6 +747,8 @@ def main(argv=None) -> int:
         for path in a.from_json.split(","):
             with open(path) as f:
                 records += json.load(f)
+        if a.repredict:
+            repredict(records, advise.host_costs())
         report(records, a)
         return 0
     why = preflight()
