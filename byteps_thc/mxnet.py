@@ -64,37 +64,45 @@ def from_env(environ: Optional[Mapping[str, str]] = None) -> Optional[ThcCompres
 
 
 def _make_trainer():
+    """byteps.mxnet's DistributedTrainer with a THC-aware __init__ (the class itself, not a
+    subclass: patch 0094 rebinds byteps.mxnet.DistributedTrainer to what this returns, and
+    upstream's __init__ calls `super(DistributedTrainer, self)` through that module name, so a
+    subclass there would run upstream's __init__ twice and fail on gluon's kvstore argument)."""
     import numpy as np
-    from byteps.mxnet import DistributedTrainer as _Upstream
+    from byteps.mxnet import DistributedTrainer as cls
 
-    class DistributedTrainer(_Upstream):
-        """BytePS's DistributedTrainer, plus THC: `compression=Compression.thc(...)`,
+    if getattr(cls, "_byteps_thc", False):
+        return cls
+    upstream_init = cls.__init__
+
+    def __init__(self, params, optimizer, optimizer_params=None, root_rank=0,
+                 compression_params=None, compression=None):
+        chosen = compression or from_params(compression_params)
+        if chosen is None and not compression_params:
+            chosen = from_env()
+        if chosen is not None:
+            compression_params = None
+            threshold = min_compress_bytes()
+            kwargs = chosen.kwargs()
+            for _, param in sorted(params.items()):
+                if param.grad_req == "null" or np.dtype(param.dtype).kind != "f":
+                    continue
+                shape = param.shape
+                if shape is None or any(d <= 0 for d in shape):
+                    continue  # deferred shape: declared uncompressed
+                if int(np.prod(shape)) * 4 < threshold:
+                    continue
+                for k, v in kwargs.items():
+                    setattr(param, "byteps_" + k, v)
+        self.compression = chosen
+        upstream_init(self, params, optimizer, optimizer_params, root_rank, compression_params)
+
+    __init__.__doc__ = """BytePS's DistributedTrainer, plus THC: `compression=Compression.thc(...)`,
         `compression_params={"compressor": "thc", ...}`, or what `bpslaunch --compressor thc`
         chose. Other compression_params (onebit, topk, ...) work as upstream."""
-
-        def __init__(self, params, optimizer, optimizer_params=None, root_rank=0,
-                     compression_params=None, compression=None):
-            chosen = compression or from_params(compression_params)
-            if chosen is None and not compression_params:
-                chosen = from_env()
-            if chosen is not None:
-                compression_params = None
-                threshold = min_compress_bytes()
-                kwargs = chosen.kwargs()
-                for _, param in sorted(params.items()):
-                    if param.grad_req == "null" or np.dtype(param.dtype).kind != "f":
-                        continue
-                    shape = param.shape
-                    if shape is None or any(d <= 0 for d in shape):
-                        continue  # deferred shape: declared uncompressed
-                    if int(np.prod(shape)) * 4 < threshold:
-                        continue
-                    for k, v in kwargs.items():
-                        setattr(param, "byteps_" + k, v)
-            self.compression = chosen
-            super().__init__(params, optimizer, optimizer_params, root_rank, compression_params)
-
-    return DistributedTrainer
+    cls.__init__ = __init__
+    cls._byteps_thc = True
+    return cls
 
 
 class Compression:
