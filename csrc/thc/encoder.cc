@@ -27,7 +27,7 @@ struct Encoder::Impl {
   detail::AlignedArray<float> work;           // chunk floats
   detail::AlignedArray<uint8_t> idx;          // chunk indices
   std::vector<int32_t> lvl, tbl;
-  std::vector<float> tblf, ig;
+  std::vector<float> tblf, ig, ig24, efr;
 };
 
 Encoder::Encoder(const Config& cfg, size_t d, uint32_t rank, bool error_feedback)
@@ -54,6 +54,9 @@ Encoder::Encoder(const Config& cfg, size_t d, uint32_t rank, bool error_feedback
   m.ig.assign(levels, 0.0f);
   for (int i = 0; i < levels; ++i) m.tblf[i] = (float)m.tbl[i];
   for (int i = 0; i + 1 < levels; ++i) m.ig[i] = (float)(1.0 / (double)(m.tbl[i + 1] - m.tbl[i]));
+  m.ig24.resize(levels);
+  for (int i = 0; i < levels; ++i) m.ig24[i] = m.ig[i] * 0x1p24f;  // exact: a power of two
+  m.efr.resize(levels);
   if (g < (1u << 16)) {  // direct level table; larger g binary-searches the table instead
     m.lvl.resize(g + 1);
     int i = 0;
@@ -118,6 +121,12 @@ Status Encoder::Encode(const float* grad, double max_norm, uint8_t* payload) {
   qp.tbl = m.tbl.data();
   qp.tblf = m.tblf.data();
   qp.ig = m.ig.data();
+  qp.ig24 = m.ig24.data();
+  for (int i = 0; i < qp.levels; ++i) {  // the error's level values, as step 7 computes them
+    const float r = m.tblf[i] * qp.k1;
+    m.efr[i] = r + qp.k0;
+  }
+  qp.efr = m.efr.data();
   const float inv_block = (float)(1.0 / (double)geo.block);
 
   float* v = m.work.data();

@@ -66,6 +66,9 @@ struct QuantParams {
   const int32_t* tbl = nullptr;  // TBL[0..K) as integers
   const float* tblf = nullptr;   // float(TBL[i])
   const float* ig = nullptr;     // 1 / (TBL[i+1] - TBL[i]), i = 0..K-2 (entry K-1 is 0)
+  // Derived tables the vector kernels use instead (same bits, fewer operations):
+  const float* ig24 = nullptr;   // ig[i] * 2^24 (exact): u < p  <=>  float(h >> 8) < p * 2^24
+  const float* efr = nullptr;    // float(TBL[i]) * k1 + k0 (binary32, in that order), per level
 };
 
 // One instruction set's kernels. All pointers are plain functions without state.

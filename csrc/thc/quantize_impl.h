@@ -5,6 +5,8 @@
 // operation below is one binary32 operation in the order written there.
 #pragma once
 
+#include <algorithm>
+
 #include "internal.h"
 #include "simd.h"
 
@@ -64,10 +66,11 @@ struct GatherLut {
   const int32_t* lvl;
   const int32_t* tbl;
   const float* tblf;
-  const float* ig;
+  const float* ig24;
+  const float* efr;
   int levels;
   explicit GatherLut(const QuantParams& q)
-      : lvl(q.lvl), tbl(q.tbl), tblf(q.tblf), ig(q.ig), levels(q.levels) {}
+      : lvl(q.lvl), tbl(q.tbl), tblf(q.tblf), ig24(q.ig24), efr(q.efr), levels(q.levels) {}
   vi Level(vi k) const {
     if (lvl) return Gather32(lvl, k);
     vi i = vi{};
@@ -79,39 +82,54 @@ struct GatherLut {
     return (i < cap) ? i : cap;
   }
   vf Tblf(vi i) const { return GatherF(tblf, i); }
-  vf Ig(vi i) const { return GatherF(ig, i); }
+  vf Ig24(vi i) const { return GatherF(ig24, i); }
+  vf Efr(vi i) const { return GatherF(efr, i); }
 };
 
 // At most 16 levels and g < 32: every lookup is a register permute.
 #if THC_W == 16
 struct PermLut {
   __m512i lvl_lo, lvl_hi;
-  __m512 tblf, ig;
+  __m512 tblf, ig24, efr;
   explicit PermLut(const QuantParams& p) {
     int32_t lv[32] = {0};
-    float tf[16] = {0}, g[16] = {0};
+    float tf[16] = {0}, g[16] = {0}, r[16] = {0};
     for (int k = 0; k < 32 && p.tbl[p.levels - 1] >= (int32_t)k; ++k) lv[k] = p.lvl[k];
-    for (int i = 0; i < p.levels; ++i) { tf[i] = p.tblf[i]; g[i] = p.ig[i]; }
+    for (int i = 0; i < p.levels; ++i) {
+      tf[i] = p.tblf[i];
+      g[i] = p.ig24[i];
+      r[i] = p.efr ? p.efr[i] : 0.0f;
+    }
     lvl_lo = _mm512_loadu_si512(lv);
     lvl_hi = _mm512_loadu_si512(lv + 16);
     tblf = _mm512_loadu_ps(tf);
-    ig = _mm512_loadu_ps(g);
+    ig24 = _mm512_loadu_ps(g);
+    efr = _mm512_loadu_ps(r);
   }
   vi Level(vi k) const { return (vi)_mm512_permutex2var_epi32(lvl_lo, (__m512i)k, lvl_hi); }
   vf Tblf(vi i) const { return (vf)_mm512_permutexvar_ps((__m512i)i, tblf); }
-  vf Ig(vi i) const { return (vf)_mm512_permutexvar_ps((__m512i)i, ig); }
+  vf Ig24(vi i) const { return (vf)_mm512_permutexvar_ps((__m512i)i, ig24); }
+  vf Efr(vi i) const { return (vf)_mm512_permutexvar_ps((__m512i)i, efr); }
 };
 #elif THC_W == 8
 struct PermLut {
   __m256i lv[4];
-  __m256 tf[2], g[2];
+  __m256 tf[2], g[2], r[2];
   explicit PermLut(const QuantParams& p) {
     int32_t l[32] = {0};
-    float t[16] = {0}, q[16] = {0};
+    float t[16] = {0}, q[16] = {0}, e[16] = {0};
     for (int k = 0; k < 32 && p.tbl[p.levels - 1] >= (int32_t)k; ++k) l[k] = p.lvl[k];
-    for (int i = 0; i < p.levels; ++i) { t[i] = p.tblf[i]; q[i] = p.ig[i]; }
+    for (int i = 0; i < p.levels; ++i) {
+      t[i] = p.tblf[i];
+      q[i] = p.ig24[i];
+      e[i] = p.efr ? p.efr[i] : 0.0f;
+    }
     for (int j = 0; j < 4; ++j) lv[j] = _mm256_loadu_si256((const __m256i*)(l + 8 * j));
-    for (int j = 0; j < 2; ++j) { tf[j] = _mm256_loadu_ps(t + 8 * j); g[j] = _mm256_loadu_ps(q + 8 * j); }
+    for (int j = 0; j < 2; ++j) {
+      tf[j] = _mm256_loadu_ps(t + 8 * j);
+      g[j] = _mm256_loadu_ps(q + 8 * j);
+      r[j] = _mm256_loadu_ps(e + 8 * j);
+    }
   }
   // Selects by bit 3 (and bit 4) of the index, moved into the sign bit for blendv.
   static __m256 Pick16(const __m256* t, __m256i i) {
@@ -125,7 +143,8 @@ struct PermLut {
         _mm256_blendv_ps(lo, hi, _mm256_castsi256_ps(_mm256_slli_epi32(ki, 27))));
   }
   vf Tblf(vi i) const { return (vf)Pick16(tf, (__m256i)i); }
-  vf Ig(vi i) const { return (vf)Pick16(g, (__m256i)i); }
+  vf Ig24(vi i) const { return (vf)Pick16(g, (__m256i)i); }
+  vf Efr(vi i) const { return (vf)Pick16(r, (__m256i)i); }
 };
 #endif
 
@@ -173,18 +192,35 @@ inline uint8_t QuantizeOne(float* yp, uint64_t j, const QuantParams& p) {
   return (uint8_t)q;
 }
 
+// lv + 1 where u < p, else lv (the rounding decision of step 5).
+inline vi AddIfLess(vi lv, vf u, vf p) {
+#if THC_W == 16
+  return (vi)_mm512_mask_add_epi32((__m512i)lv, _mm512_cmp_ps_mask((__m512)u, (__m512)p, _CMP_LT_OQ),
+                                   (__m512i)lv, _mm512_set1_epi32(1));
+#else
+  return lv - (vi)(u < p);
+#endif
+}
+
+// The vector form of step 5, with the same bits as QuantizeOne and fewer operations:
+//  * hash32(key ^ j) starts with x ^= x >> 16; for the W lanes of one vector (j a multiple of W,
+//    W | 2^16) (key ^ j) >> 16 is one value, so x ^ (x >> 16) = j ^ mix with
+//    mix = key ^ (key >> 16) ^ (j >> 16), one constant per 2^16 elements (HashMix);
+//  * u < p  <=>  float(h >> 8) < p * 2^24: both sides scaled by a power of two, exactly (p is
+//    0 or at least 2^-49, far from subnormal, and at most ~1), and p * 2^24 is computed as
+//    (t - TBL[i]) * (IG[i] * 2^24) with the same single rounding;
+//  * the error's level value float(TBL[q]) * k1 + k0 depends on q only: a table (efr).
+inline uint32_t HashMix(uint32_t key, uint32_t j) { return key ^ (key >> 16) ^ (j >> 16); }
+
 template <bool kEf, class Lut>
 struct QuantizeBody {
-  vf c1, c0, g, zero, k1, k0;
-  vu key, lanes;
+  vf c1, c0, g, zero;
   Lut lut;
   QuantizeBody(const QuantParams& p, const Lut& l)
-      : c1(BroadcastF(p.c1)), c0(BroadcastF(p.c0)), g(BroadcastF(p.gmax)), zero(vf{}),
-        k1(BroadcastF(p.k1)), k0(BroadcastF(p.k0)), key(BroadcastU(p.round_key)), lanes(Iota()),
-        lut(l) {}
-  // Indices of y[0, W) (elements j, j+1, ...); with kEf, y becomes the error.
-  inline vi operator()(float* y, uint32_t j) const {
-    const vf yv = LoadF(y);
+      : c1(BroadcastF(p.c1)), c0(BroadcastF(p.c0)), g(BroadcastF(p.gmax)), zero(vf{}), lut(l) {}
+  // Indices of the W values yv, elements j..j+W-1 given as jx = j ^ HashMix(key, j) per lane;
+  // with kEf, *err gets the error e.
+  inline vi operator()(vf yv, vu jx, vf* err) const {
     vf t = yv * c1;
     t = t + c0;
     t = Max(t, zero);  // t > 0 ? t : 0 (NaN -> 0)
@@ -192,15 +228,14 @@ struct QuantizeBody {
     const vi k = __builtin_convertvector(t, vi);
     const vi lv = lut.Level(k);
     vf pr = t - lut.Tblf(lv);
-    pr = pr * lut.Ig(lv);
-    const vu h = Hash32V(key ^ (BroadcastU(j) + lanes));
-    const vf u = __builtin_convertvector((vi)(h >> 8), vf) * 0x1p-24f;
-    const vi q = lv - (vi)(u < pr);
-    if constexpr (kEf) {
-      vf r = lut.Tblf(q) * k1;
-      r = r + k0;
-      StoreF(y, yv - r);
-    }
+    pr = pr * lut.Ig24(lv);
+    vu h = jx * 0x7FEB352Du;
+    h ^= h >> 15;
+    h *= 0x846CA68Bu;
+    h ^= h >> 16;
+    const vf u = __builtin_convertvector((vi)(h >> 8), vf);
+    const vi q = AddIfLess(lv, u, pr);
+    if constexpr (kEf) *err = yv - lut.Efr(q);
     return q;
   }
 };
@@ -210,23 +245,34 @@ void QuantizeLoop(float* y, size_t n, uint64_t j0, const QuantParams& p, uint8_t
                   const Lut lut) {
   const QuantizeBody<kEf, Lut> body(p, lut);
   size_t i = 0;
+  // Vectors, in runs that do not cross a multiple of 2^16 (one HashMix each). The portable
+  // build stays scalar: without gathers, per-lane lookups and variable shifts, its 4-wide
+  // vectors are slower than plain code.
+  if constexpr (W >= 8) while (n - i >= (size_t)W) {
+    const uint32_t js = (uint32_t)(j0 + i);
+    const size_t run_end = std::min(n, i + ((size_t)0x10000 - (js & 0xFFFFu)));
+    const vu mix = BroadcastU(HashMix(p.round_key, js));
+    vu jv = BroadcastU(js) + Iota();
+    auto one = [&](size_t at) {
+      vf e;
+      const vi q = body(LoadF(y + at), jv ^ mix, &e);
+      if constexpr (kEf) StoreF(y + at, e);
+      jv += (uint32_t)W;
+      return q;
+    };
 #if THC_W == 16
-  // Four vectors at a time: pack 64 indices into one store (vpmovdb to memory is slow).
-  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-  for (; i + 4 * W <= n; i += 4 * W) {
-    const uint32_t j = (uint32_t)(j0 + i);
-    const vi q0 = body(y + i, j), q1 = body(y + i + W, j + W);
-    const vi q2 = body(y + i + 2 * W, j + 2 * W), q3 = body(y + i + 3 * W, j + 3 * W);
-    const __m512i a = _mm512_packus_epi32((__m512i)q0, (__m512i)q1);
-    const __m512i b = _mm512_packus_epi32((__m512i)q2, (__m512i)q3);
-    _mm512_storeu_si512(idx + i, _mm512_permutexvar_epi32(order, _mm512_packus_epi16(a, b)));
+    // Four vectors at a time: pack 64 indices into one store (vpmovdb to memory is slow).
+    const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    for (; i + 4 * W <= run_end; i += 4 * W) {
+      const vi q0 = one(i), q1 = one(i + W), q2 = one(i + 2 * W), q3 = one(i + 3 * W);
+      const __m512i a = _mm512_packus_epi32((__m512i)q0, (__m512i)q1);
+      const __m512i b = _mm512_packus_epi32((__m512i)q2, (__m512i)q3);
+      _mm512_storeu_si512(idx + i, _mm512_permutexvar_epi32(order, _mm512_packus_epi16(a, b)));
+    }
+#endif
+    for (; i + W <= run_end; i += W) StoreIdx(idx + i, one(i));
+    if (i < run_end) break;  // a partial vector: scalar below
   }
-#endif
-#if THC_W >= 8
-  for (; i + W <= n; i += W) StoreIdx(idx + i, body(y + i, (uint32_t)(j0 + i)));
-#endif
-  // The portable build stays scalar here: without gathers, per-lane lookups and variable
-  // shifts, its 4-wide vectors are slower than plain code.
   for (; i < n; ++i) idx[i] = QuantizeOne(y + i, j0 + i, p);
 }
 
