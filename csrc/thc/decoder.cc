@@ -38,10 +38,8 @@ Status Decode(const Config& cfg, size_t d, const void* sums, int lane_bits, uint
     const size_t n = std::min(chunk, geo.padded - j0);
     const size_t nvalid = j0 < d ? std::min(n, d - j0) : 0;
     if (nvalid == 0) break;
-    float* v = scratch.data();
-    k.load_sums(static_cast<const uint8_t*>(sums) + j0 * lane_bytes, lane_bits, n, m1, m0, v);
-    k.fwht(v, n, geo.block);
-    k.scale_signed(v, nvalid, j0, key, 1.0f, out + j0);
+    k.decode_chunk(static_cast<const uint8_t*>(sums) + j0 * lane_bytes, lane_bits, nvalid, n, j0,
+                   geo.block, key, m1, m0, scratch.data(), out + j0);
   }
   return Status::kOk;
 }

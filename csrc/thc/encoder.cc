@@ -129,20 +129,15 @@ Status Encoder::Encode(const float* grad, double max_norm, uint8_t* payload) {
   qp.efr = m.efr.data();
   const float inv_block = (float)(1.0 / (double)geo.block);
 
-  float* v = m.work.data();
+  const size_t bits = (size_t)m.cfg.bits;
   for (size_t j0 = 0; j0 < geo.padded; j0 += m.chunk) {
     const size_t n = std::min(m.chunk, geo.padded - j0);
     const size_t nvalid = j0 < geo.d ? std::min(n, geo.d - j0) : 0;
-    if (!k.load_signed(nvalid ? grad + j0 : grad, res && nvalid ? res + j0 : res, nvalid, n, j0,
-                       m.sign_key, v))
+    if (!k.encode_chunk(nvalid ? grad + j0 : nullptr, res && nvalid ? res + j0 : nullptr, nvalid,
+                        n, j0, geo.block, m.sign_key, qp, m.work.data(), m.idx.data(),
+                        payload + j0 * bits / 8, m.ef && nvalid ? m.res_next.data() + j0 : nullptr,
+                        inv_block))
       return Status::kNonFinite;
-    k.fwht(v, n, geo.block);
-    k.quantize(v, n, j0, qp, m.idx.data());
-    k.pack(m.idx.data(), n, m.cfg.bits, payload + j0 * (size_t)m.cfg.bits / 8);
-    if (m.ef && nvalid) {
-      k.fwht(v, n, geo.block);
-      k.scale_signed(v, nvalid, j0, m.sign_key, inv_block, m.res_next.data() + j0);
-    }
   }
   if (m.ef) m.res.swap(m.res_next);
   ++m.step;

@@ -4,8 +4,11 @@
 // Kernel families, one per file, each built three times (portable, AVX2, AVX-512) from one
 // implementation header compiled with different -m flags into its own namespace:
 //   hadamard   (hadamard_impl.h)    blockwise unnormalised Walsh-Hadamard transform
-//   quantize   (quantize_impl.h)    encode pointwise work: load+sign, scale/round, pack, norm
-//   dequantize (dequantize_impl.h)  decode pointwise work: sums->float, scale+sign
+//   quantize   (quantize_impl.h)    encode pointwise work: load+sign, scale/round, pack, norm;
+//                                   the fused encode of a chunk (EncodeChunk)
+//   dequantize (dequantize_impl.h)  decode pointwise work: sums->float, scale+sign; the fused
+//                                   decode of a chunk (DecodeChunk)
+// The transform's building blocks (transform.h) are shared by the first three.
 //   aggregate  (aggregate_impl.h)   unpack, table lookup, integer add
 // The ISA is chosen in one place, dispatch.cc, which hands the drivers a table of function
 // pointers (Kernels).
@@ -92,6 +95,20 @@ struct Kernels {
   // out[i] = sign_{j0+i} * (w[i] * scale), i < n; j0 a multiple of 32.
   void (*scale_signed)(const float* w, size_t n, uint64_t j0, uint32_t sign_key, float scale,
                        float* out);
+  // The whole encode (steps 1-7) of one chunk of n elements (whole blocks; elements
+  // j0 .. j0+n-1, j0 a multiple of 32; nvalid of them real, the rest padding): grad, res
+  // (null: no add), payload and res_out (null: no error feedback; p.ef says the same) start at
+  // the chunk; work holds n floats, idx n bytes. False (nothing of res_out promised) if any
+  // input is not finite.
+  bool (*encode_chunk)(const float* grad, const float* res, size_t nvalid, size_t n,
+                       uint64_t j0, size_t block, uint32_t sign_key, const QuantParams& p,
+                       float* work, uint8_t* idx, uint8_t* payload, float* res_out,
+                       float res_scale);
+  // The whole decode of one chunk: sums (lanes of lane_bits) and out start at the chunk; out
+  // gets nvalid floats; work holds n floats.
+  void (*decode_chunk)(const void* sums, int lane_bits, size_t nvalid, size_t n, uint64_t j0,
+                       size_t block, uint32_t sign_key, float m1, float m0, float* work,
+                       float* out);
   // aggregate: sums[i] += tbl[index i of the b-bit stream], i < n; lanes of lane_bits.
   void (*add_indices)(const uint8_t* payload, size_t n, int bits, const uint32_t* tbl,
                       int lane_bits, void* sums);
@@ -114,6 +131,12 @@ const Kernels& ActiveKernels();
                    float* out);                                                               \
   void AddIndices(const uint8_t* payload, size_t n, int bits, const uint32_t* tbl,            \
                   int lane_bits, void* sums);                                                 \
+  bool EncodeChunk(const float* grad, const float* res, size_t nvalid, size_t n, uint64_t j0, \
+                   size_t block, uint32_t sign_key, const QuantParams& p, float* work,        \
+                   uint8_t* idx, uint8_t* payload, float* res_out, float res_scale);          \
+  void DecodeChunk(const void* sums, int lane_bits, size_t nvalid, size_t n, uint64_t j0,     \
+                   size_t block, uint32_t sign_key, float m1, float m0, float* work,          \
+                   float* out);                                                               \
   }
 
 THC_DECLARE_ISA_KERNELS(portable)

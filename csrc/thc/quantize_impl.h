@@ -1,14 +1,16 @@
-// byteps-thc codec core: the encode pointwise kernel family (included by quantize*.cc).
+// byteps-thc codec core: the encode kernel family (included by quantize*.cc).
 //
 // LoadSigned (steps 1 and 3 before the transform), Quantize (steps 4, 5 and the error of 7),
-// Pack (step 6), SumSquares (the norm). docs/ALGORITHM.md is the definition; each float
+// Pack (step 6), SumSquares (the norm), and EncodeChunk, the whole of steps 1-7 for a chunk of
+// blocks: fused into the transforms' passes (transform.h) where it can, these kernels one after
+// another where it cannot. docs/ALGORITHM.md is the definition; each float
 // operation below is one binary32 operation in the order written there.
 #pragma once
 
 #include <algorithm>
 
 #include "internal.h"
-#include "simd.h"
+#include "transform.h"
 
 namespace thc {
 namespace detail {
@@ -377,6 +379,150 @@ bool SumSquares(const float* grad, const float* res, size_t n, double* out) {
   }
   *out = s;
   return ok;
+}
+
+namespace {
+
+// ---- the fused encode pipeline ----
+
+// Source of the first transform: sign * (grad + res), and a running check for non-finite x.
+template <bool kRes>
+struct SignedSource {
+  const float* grad;
+  const float* res;
+  const uint32_t* signs;  // the chunk's sign words
+  vu* bad_out;
+  vu bad;
+  inline vf operator()(size_t i) {
+    if ((i & 15) == 0) {  // one prefetch per cache line and stream
+      PrefetchRead(grad + i + kPrefetch);
+      if constexpr (kRes) PrefetchRead(res + i + kPrefetch);
+    }
+    vf x = LoadF(grad + i);
+    if constexpr (kRes) x = x + LoadF(res + i);
+    bad |= NonFiniteMask(x);
+    return FlipSigns(x, signs, i);
+  }
+  void Flush() { *bad_out |= bad; }
+};
+
+// Sink of the first transform: quantise y (steps 4-5), write the indices (packed when bits is 4
+// and W is 16, else bytes for Pack), and with error feedback store the error e with the second
+// transform's in-vector stages already done (each vector's own butterflies come first).
+template <bool kEf, class Lut>
+struct QuantizeSink {
+  QuantizeBody<kEf, Lut> body;
+  float* w;
+  uint64_t j0;
+  uint32_t key;
+  bool pack4;
+  uint8_t* payload;  // the chunk's packed indices (pack4)
+  uint8_t* idx;      // the chunk's index bytes (otherwise)
+  inline void operator()(size_t i, vf y) {
+    const uint32_t j = (uint32_t)(j0 + i);
+    vf e;
+    const vi q = body(y, BroadcastU(j ^ HashMix(key, j)) ^ Iota(), &e);
+    if constexpr (kEf) StoreF(w + i, AllInVector(e));
+#if THC_W == 16
+    if (pack4) {  // 16 indices of 4 bits: lane pairs into one byte, 8 bytes
+      const __m512i qq = (__m512i)q;
+      const __m512i two = _mm512_or_si512(qq, _mm512_srli_epi64(qq, 28));
+      _mm_storel_epi64((__m128i*)(payload + i / 2), _mm512_cvtepi64_epi8(two));
+      return;
+    }
+    _mm_storeu_si128((__m128i*)(idx + i), _mm512_cvtepi32_epi8((__m512i)q));
+#else
+    StoreIdx(idx + i, q);
+#endif
+  }
+};
+
+// Sink of the second transform: res_out = sign * (w * scale).
+struct ResidualSink {
+  float* out;
+  const uint32_t* signs;
+  vf scale;
+  inline void operator()(size_t i, vf v) const {
+    if ((i & 15) == 0) PrefetchWrite(out + i + kPrefetch);
+    StoreF(out + i, FlipSigns(v * scale, signs, i));
+  }
+};
+
+// The residual of elements [0, n) without the pipeline (the decoder's ScaleSigned).
+void ScaleSignedRes(const float* w, size_t n, uint64_t j0, uint32_t key, float scale,
+                    float* out) {
+  const vf sc = BroadcastF(scale);
+  size_t i = 0;
+  for (; i + W <= n; i += W)
+    StoreF(out + i, AsF(AsU(LoadF(w + i) * sc) ^ SignBitsV(key, j0 + i)));
+  for (; i < n; ++i) out[i] = FlipSign(w[i] * scale, SignBit(key, j0 + i));
+}
+
+template <bool kEf, bool kRes, class Lut>
+bool EncodePipeline(const float* grad, const float* res, size_t n, uint64_t j0, size_t block,
+                    uint32_t sign_key, const QuantParams& p, const Lut& lut, float* work,
+                    uint8_t* idx, uint8_t* payload, float* res_out, float res_scale) {
+  const QuantizeBody<kEf, Lut> body(p, lut);
+  const bool pack4 = W == 16 && p.levels == 16;
+  const uint32_t* signs = ChunkSignWords(sign_key, j0, n);
+  vu bad = vu{};
+  SignedSource<kRes> src{grad, res, signs, &bad, vu{}};
+  QuantizeSink<kEf, Lut> quant{body, work, j0, p.round_key, pack4, payload, idx};
+  ResidualSink resid{res_out, signs, BroadcastF(res_scale)};
+  LoadFrom again{work};
+  for (size_t b = 0; b < n; b += block) {
+    BlockTo<true>(work, b, block, src, quant);
+    if constexpr (kEf) BlockTo<false>(work, b, block, again, resid);
+  }
+  if (!pack4) Pack(idx, n, (int)__builtin_ctz((unsigned)p.levels), payload);
+  bool ok = true;
+  for (int l = 0; l < W; ++l) ok &= (bad[l] == 0);
+  return ok;
+}
+
+template <class Lut>
+bool EncodePipelineLut(const float* grad, const float* res, size_t n, uint64_t j0, size_t block,
+                       uint32_t sign_key, const QuantParams& p, const Lut& lut, float* work,
+                       uint8_t* idx, uint8_t* payload, float* res_out, float res_scale) {
+  if (res_out) {
+    if (res)
+      return EncodePipeline<true, true>(grad, res, n, j0, block, sign_key, p, lut, work, idx,
+                                        payload, res_out, res_scale);
+    return EncodePipeline<true, false>(grad, res, n, j0, block, sign_key, p, lut, work, idx,
+                                       payload, res_out, res_scale);
+  }
+  if (res)
+    return EncodePipeline<false, true>(grad, res, n, j0, block, sign_key, p, lut, work, idx,
+                                       payload, res_out, res_scale);
+  return EncodePipeline<false, false>(grad, res, n, j0, block, sign_key, p, lut, work, idx,
+                                      payload, res_out, res_scale);
+}
+
+}  // namespace
+
+bool EncodeChunk(const float* grad, const float* res, size_t nvalid, size_t n, uint64_t j0,
+                 size_t block, uint32_t sign_key, const QuantParams& p, float* work,
+                 uint8_t* idx, uint8_t* payload, float* res_out, float res_scale) {
+  const int bits = (int)__builtin_ctz((unsigned)p.levels);
+#if THC_W >= 8
+  if (nvalid == n && block >= kMinPipelineBlock && (res_out != nullptr) == p.ef) {
+    if (p.lvl && p.levels <= 16 && p.tbl[p.levels - 1] < 32)
+      return EncodePipelineLut(grad, res, n, j0, block, sign_key, p, PermLut(p), work, idx,
+                               payload, res_out, res_scale);
+    return EncodePipelineLut(grad, res, n, j0, block, sign_key, p, GatherLut(p), work, idx,
+                             payload, res_out, res_scale);
+  }
+#endif
+  // One kernel after another (small blocks, the partition's last chunk, the portable build).
+  if (!LoadSigned(nvalid ? grad : nullptr, res, nvalid, n, j0, sign_key, work)) return false;
+  for (size_t b = 0; b < n; b += block) BlockFwht(work + b, block);
+  Quantize(work, n, j0, p, idx);
+  Pack(idx, n, bits, payload);
+  if (res_out && nvalid) {
+    for (size_t b = 0; b < n; b += block) BlockFwht(work + b, block);
+    ScaleSignedRes(work, nvalid, j0, sign_key, res_scale, res_out);
+  }
+  return true;
 }
 
 }  // namespace THC_ISA
