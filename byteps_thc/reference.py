@@ -145,6 +145,10 @@ def norm(grad, residual=None) -> float:
     return math.sqrt(float(np.dot(x.astype(np.float64), x.astype(np.float64))))
 
 
+_OVERFLOW = ("the Hadamard rotation overflowed float32 (Inf from finite values near FLT_MAX, or a "
+             "max_norm so large that the error-feedback scale is Inf)")
+
+
 def encode(cfg: ThcConfig, grad, max_norm: float, rank: int, step: int, residual=None):
     """One worker's encode. Returns (payload uint8, new residual or None, indices uint8)."""
     grad = np.asarray(grad)
@@ -160,7 +164,10 @@ def encode(cfg: ThcConfig, grad, max_norm: float, rank: int, step: int, residual
         return pack(q, cfg.bits), (x[: geo.d].copy() if ef else None), q
     g, T, B, dp = cfg.granularity, cfg.clip, geo.block, geo.padded
     neg = sign_bits(cfg.seed, dp)
-    y = fwht(apply_signs(x, neg), B)
+    with np.errstate(over="ignore", invalid="ignore"):
+        y = fwht(apply_signs(x, neg), B)
+    if not np.all(np.isfinite(y)):
+        raise ValueError(_OVERFLOW)
     c1 = F32(g / (2.0 * T) * math.sqrt(dp) / max_norm / math.sqrt(B))
     c0 = F32(g / 2.0)
     t = y * c1 + c0
@@ -172,10 +179,13 @@ def encode(cfg: ThcConfig, grad, max_norm: float, rank: int, step: int, residual
     q = (i + (u < p)).astype(np.uint8)
     new_res = None
     if ef:
-        k1 = F32(2.0 * T / g * max_norm / math.sqrt(dp) * math.sqrt(B))
-        k0 = F32(-T * max_norm / math.sqrt(dp) * math.sqrt(B))
-        e = y - (tbl[q].astype(F32) * k1 + k0)
-        w = fwht(e, B)
+        with np.errstate(over="ignore", invalid="ignore"):  # Inf here is caught just below
+            k1 = F32(2.0 * T / g * max_norm / math.sqrt(dp) * math.sqrt(B))
+            k0 = F32(-T * max_norm / math.sqrt(dp) * math.sqrt(B))
+            e = y - (tbl[q].astype(F32) * k1 + k0)
+            w = fwht(e, B)
+        if not np.all(np.isfinite(w)):
+            raise ValueError(_OVERFLOW)
         new_res = apply_signs(w * F32(1.0 / B), neg)[: geo.d].copy()
     return pack(q, cfg.bits), new_res, q
 

@@ -141,6 +141,10 @@ class PyEncoder {
     if (st == thc::Status::kNonFinite)
       Fail(ef_ ? "x + residual contains NaN or Inf; nothing was changed"
                : "x contains NaN or Inf; nothing was changed");
+    if (st == thc::Status::kOverflow)
+      Fail(std::string("the Hadamard rotation of ") + (ef_ ? "x + residual" : "x") +
+           " overflowed float32 (Inf from finite values near FLT_MAX = 3.4e38, or a max_norm "
+           "so large that the error-feedback scale is Inf); nothing was changed");
     if (st != thc::Status::kOk) Fail("encode failed (bad argument)");
     return out;
   }

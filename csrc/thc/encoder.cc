@@ -127,17 +127,24 @@ Status Encoder::Encode(const float* grad, double max_norm, uint8_t* payload) {
     m.efr[i] = r + qp.k0;
   }
   qp.efr = m.efr.data();
+  qp.efr_absmax = 0;
+  if (m.ef)
+    for (int i = 0; i < qp.levels; ++i) {
+      const double a = std::fabs((double)m.efr[i]);
+      qp.efr_absmax = std::isfinite(a) ? std::max(qp.efr_absmax, a) : HUGE_VAL;
+    }
   const float inv_block = (float)(1.0 / (double)geo.block);
 
   const size_t bits = (size_t)m.cfg.bits;
   for (size_t j0 = 0; j0 < geo.padded; j0 += m.chunk) {
     const size_t n = std::min(m.chunk, geo.padded - j0);
     const size_t nvalid = j0 < geo.d ? std::min(n, geo.d - j0) : 0;
-    if (!k.encode_chunk(nvalid ? grad + j0 : nullptr, res && nvalid ? res + j0 : nullptr, nvalid,
-                        n, j0, geo.block, m.sign_key, qp, m.work.data(), m.idx.data(),
-                        payload + j0 * bits / 8, m.ef && nvalid ? m.res_next.data() + j0 : nullptr,
-                        inv_block))
-      return Status::kNonFinite;
+    const int st = k.encode_chunk(
+        nvalid ? grad + j0 : nullptr, res && nvalid ? res + j0 : nullptr, nvalid, n, j0,
+        geo.block, m.sign_key, qp, m.work.data(), m.idx.data(), payload + j0 * bits / 8,
+        m.ef && nvalid ? m.res_next.data() + j0 : nullptr, inv_block);
+    if (st == detail::kChunkNonFinite) return Status::kNonFinite;
+    if (st == detail::kChunkOverflow) return Status::kOverflow;
   }
   if (m.ef) m.res.swap(m.res_next);
   ++m.step;

@@ -72,6 +72,14 @@ struct QuantParams {
   // Derived tables the vector kernels use instead (same bits, fewer operations):
   const float* ig24 = nullptr;   // ig[i] * 2^24 (exact): u < p  <=>  float(h >> 8) < p * 2^24
   const float* efr = nullptr;    // float(TBL[i]) * k1 + k0 (binary32, in that order), per level
+  double efr_absmax = 0;         // max |efr[i]| (Inf if one is not finite); 0 without EF
+};
+
+// What encode_chunk returns.
+enum ChunkStatus : int {
+  kChunkOk = 0,
+  kChunkNonFinite = 1,  // some grad + res is NaN/Inf
+  kChunkOverflow = 2,   // a transform output (y, or the error's transform) is NaN/Inf
 };
 
 // One instruction set's kernels. All pointers are plain functions without state.
@@ -98,9 +106,9 @@ struct Kernels {
   // The whole encode (steps 1-7) of one chunk of n elements (whole blocks; elements
   // j0 .. j0+n-1, j0 a multiple of 32; nvalid of them real, the rest padding): grad, res
   // (null: no add), payload and res_out (null: no error feedback; p.ef says the same) start at
-  // the chunk; work holds n floats, idx n bytes. False (nothing of res_out promised) if any
-  // input is not finite.
-  bool (*encode_chunk)(const float* grad, const float* res, size_t nvalid, size_t n,
+  // the chunk; work holds n floats, idx n bytes. A ChunkStatus; on an error nothing of res_out
+  // is promised.
+  int (*encode_chunk)(const float* grad, const float* res, size_t nvalid, size_t n,
                        uint64_t j0, size_t block, uint32_t sign_key, const QuantParams& p,
                        float* work, uint8_t* idx, uint8_t* payload, float* res_out,
                        float res_scale);
@@ -131,7 +139,7 @@ const Kernels& ActiveKernels();
                    float* out);                                                               \
   void AddIndices(const uint8_t* payload, size_t n, int bits, const uint32_t* tbl,            \
                   int lane_bits, void* sums);                                                 \
-  bool EncodeChunk(const float* grad, const float* res, size_t nvalid, size_t n, uint64_t j0, \
+  int EncodeChunk(const float* grad, const float* res, size_t nvalid, size_t n, uint64_t j0,  \
                    size_t block, uint32_t sign_key, const QuantParams& p, float* work,        \
                    uint8_t* idx, uint8_t* payload, float* res_out, float res_scale);          \
   void DecodeChunk(const void* sums, int lane_bits, size_t nvalid, size_t n, uint64_t j0,     \

@@ -385,14 +385,16 @@ namespace {
 
 // ---- the fused encode pipeline ----
 
-// Source of the first transform: sign * (grad + res), and a running check for non-finite x.
+// Source of the first transform: sign * (grad + res), and the running maximum of |x| as bits
+// (an unsigned compare orders non-negative floats; >= 0x7F800000 is a NaN or Inf), which is
+// both the non-finite check and the bound that rules out overflow in the transforms.
 template <bool kRes>
 struct SignedSource {
   const float* grad;
   const float* res;
   const uint32_t* signs;  // the chunk's sign words
-  vu* bad_out;
-  vu bad;
+  vu* amax_out;
+  vu amax;
   inline vf operator()(size_t i) {
     if ((i & 15) == 0) {  // one prefetch per cache line and stream
       PrefetchRead(grad + i + kPrefetch);
@@ -400,10 +402,11 @@ struct SignedSource {
     }
     vf x = LoadF(grad + i);
     if constexpr (kRes) x = x + LoadF(res + i);
-    bad |= NonFiniteMask(x);
+    const vu a = AsU(x) & 0x7FFFFFFFu;
+    amax = a > amax ? a : amax;
     return FlipSigns(x, signs, i);
   }
-  void Flush() { *bad_out |= bad; }
+  void Flush() { *amax_out = *amax_out > amax ? *amax_out : amax; }
 };
 
 // Sink of the first transform: quantise y (steps 4-5), write the indices (packed when bits is 4
@@ -448,6 +451,17 @@ struct ResidualSink {
   }
 };
 
+// Whether every v[0, n) is finite.
+bool AllFinite(const float* v, size_t n) {
+  vu bad = vu{};
+  size_t i = 0;
+  for (; i + W <= n; i += W) bad |= NonFiniteMask(LoadF(v + i));
+  bool ok = true;
+  for (int l = 0; l < W; ++l) ok &= (bad[l] == 0);
+  for (; i < n; ++i) ok &= IsFinite(v[i]);
+  return ok;
+}
+
 // The residual of elements [0, n) without the pipeline (the decoder's ScaleSigned).
 void ScaleSignedRes(const float* w, size_t n, uint64_t j0, uint32_t key, float scale,
                     float* out) {
@@ -458,15 +472,28 @@ void ScaleSignedRes(const float* w, size_t n, uint64_t j0, uint32_t key, float s
   for (; i < n; ++i) out[i] = FlipSign(w[i] * scale, SignBit(key, j0 + i));
 }
 
+// Whether float32 Hu of blocks of B values of magnitude <= xm (then, with error feedback, Hu of
+// the errors y - efr[q]) provably stays finite: every partial sum of a stage is at most the sum
+// of the magnitudes, B * xm (and B * (B * xm + efr_absmax) for the second transform), times at
+// most (1 + 2^-24) per stage of rounding (<= 32 stages; 2^-16 covers it with room).
+inline bool TransformsCannotOverflow(double xm, double block, double efr_absmax, bool ef) {
+  const double grow = 1.0 + 0x1p-16, fmax = 3.4028234663852886e38;
+  const double y = block * xm * grow;
+  if (!(y < fmax)) return false;
+  return !ef || block * (y + efr_absmax) * grow * grow < fmax;
+}
+
+constexpr int kChunkCheck = -1;  // EncodePipeline: the bound failed; redo the chunk with checks
+
 template <bool kEf, bool kRes, class Lut>
-bool EncodePipeline(const float* grad, const float* res, size_t n, uint64_t j0, size_t block,
+int EncodePipeline(const float* grad, const float* res, size_t n, uint64_t j0, size_t block,
                     uint32_t sign_key, const QuantParams& p, const Lut& lut, float* work,
                     uint8_t* idx, uint8_t* payload, float* res_out, float res_scale) {
   const QuantizeBody<kEf, Lut> body(p, lut);
   const bool pack4 = W == 16 && p.levels == 16;
   const uint32_t* signs = ChunkSignWords(sign_key, j0, n);
-  vu bad = vu{};
-  SignedSource<kRes> src{grad, res, signs, &bad, vu{}};
+  vu amax = vu{};
+  SignedSource<kRes> src{grad, res, signs, &amax, vu{}};
   QuantizeSink<kEf, Lut> quant{body, work, j0, p.round_key, pack4, payload, idx};
   ResidualSink resid{res_out, signs, BroadcastF(res_scale)};
   LoadFrom again{work};
@@ -475,13 +502,16 @@ bool EncodePipeline(const float* grad, const float* res, size_t n, uint64_t j0, 
     if constexpr (kEf) BlockTo<false>(work, b, block, again, resid);
   }
   if (!pack4) Pack(idx, n, (int)__builtin_ctz((unsigned)p.levels), payload);
-  bool ok = true;
-  for (int l = 0; l < W; ++l) ok &= (bad[l] == 0);
-  return ok;
+  uint32_t m = 0;
+  for (int l = 0; l < W; ++l) m = amax[l] > m ? amax[l] : m;
+  if (m >= 0x7F800000u) return kChunkNonFinite;
+  float xm;
+  std::memcpy(&xm, &m, 4);
+  return TransformsCannotOverflow(xm, (double)block, p.efr_absmax, kEf) ? kChunkOk : kChunkCheck;
 }
 
 template <class Lut>
-bool EncodePipelineLut(const float* grad, const float* res, size_t n, uint64_t j0, size_t block,
+int EncodePipelineLut(const float* grad, const float* res, size_t n, uint64_t j0, size_t block,
                        uint32_t sign_key, const QuantParams& p, const Lut& lut, float* work,
                        uint8_t* idx, uint8_t* payload, float* res_out, float res_scale) {
   if (res_out) {
@@ -500,29 +530,37 @@ bool EncodePipelineLut(const float* grad, const float* res, size_t n, uint64_t j
 
 }  // namespace
 
-bool EncodeChunk(const float* grad, const float* res, size_t nvalid, size_t n, uint64_t j0,
-                 size_t block, uint32_t sign_key, const QuantParams& p, float* work,
-                 uint8_t* idx, uint8_t* payload, float* res_out, float res_scale) {
+int EncodeChunk(const float* grad, const float* res, size_t nvalid, size_t n, uint64_t j0,
+                size_t block, uint32_t sign_key, const QuantParams& p, float* work, uint8_t* idx,
+                uint8_t* payload, float* res_out, float res_scale) {
   const int bits = (int)__builtin_ctz((unsigned)p.levels);
 #if THC_W >= 8
   if (nvalid == n && block >= kMinPipelineBlock && (res_out != nullptr) == p.ef) {
-    if (p.lvl && p.levels <= 16 && p.tbl[p.levels - 1] < 32)
-      return EncodePipelineLut(grad, res, n, j0, block, sign_key, p, PermLut(p), work, idx,
-                               payload, res_out, res_scale);
-    return EncodePipelineLut(grad, res, n, j0, block, sign_key, p, GatherLut(p), work, idx,
-                             payload, res_out, res_scale);
+    const int st =
+        p.lvl && p.levels <= 16 && p.tbl[p.levels - 1] < 32
+            ? EncodePipelineLut(grad, res, n, j0, block, sign_key, p, PermLut(p), work, idx,
+                                payload, res_out, res_scale)
+            : EncodePipelineLut(grad, res, n, j0, block, sign_key, p, GatherLut(p), work, idx,
+                                payload, res_out, res_scale);
+    if (st != kChunkCheck) return st;
+    // Inputs near FLT_MAX (or an Inf error scale): redo the chunk below, checking each
+    // transform's output (the pipeline does not keep them).
   }
 #endif
-  // One kernel after another (small blocks, the partition's last chunk, the portable build).
-  if (!LoadSigned(nvalid ? grad : nullptr, res, nvalid, n, j0, sign_key, work)) return false;
+  // One kernel after another (small blocks, the partition's last chunk, the portable build, and
+  // chunks the overflow bound did not clear), checking what the transforms produce.
+  if (!LoadSigned(nvalid ? grad : nullptr, res, nvalid, n, j0, sign_key, work))
+    return kChunkNonFinite;
   for (size_t b = 0; b < n; b += block) BlockFwht(work + b, block);
+  if (!AllFinite(work, n)) return kChunkOverflow;
   Quantize(work, n, j0, p, idx);
   Pack(idx, n, bits, payload);
   if (res_out && nvalid) {
     for (size_t b = 0; b < n; b += block) BlockFwht(work + b, block);
+    if (!AllFinite(work, n)) return kChunkOverflow;
     ScaleSignedRes(work, nvalid, j0, sign_key, res_scale, res_out);
   }
-  return true;
+  return kChunkOk;
 }
 
 }  // namespace THC_ISA

@@ -16,6 +16,8 @@ enum class Status : int {
   kOk = 0,
   kNonFinite = 1,    // NaN or Inf in the input or in max_norm
   kBadArgument = 2,  // sizes, lengths, counts; see the message
+  kOverflow = 3,     // finite inputs, but a value of the transform overflowed float32 (inputs
+                     // near FLT_MAX, or a max_norm so large that the error's scale is Inf)
 };
 
 // Everything that defines the code. Workers and the server must agree on all of it.
@@ -63,7 +65,9 @@ class Encoder {
   const Geometry& geometry() const;
   // ||grad + residual||_2. kNonFinite if any element is NaN/Inf.
   Status Norm(const float* grad, double* norm) const;
-  // Writes geometry().payload_bytes bytes. On any error nothing changes.
+  // Writes geometry().payload_bytes bytes. kNonFinite for a NaN/Inf input, kOverflow when the
+  // transforms produce one (docs/ALGORITHM.md, Encode). On any error nothing changes (step,
+  // residual); the payload may be partly written.
   Status Encode(const float* grad, double max_norm, uint8_t* payload);
   uint64_t step() const;
   void set_step(uint64_t step);

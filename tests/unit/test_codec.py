@@ -187,6 +187,19 @@ def test_non_finite_input_changes_nothing():
     assert c.step == step and np.array_equal(c.residual, res)
 
 
+def test_overflow_inside_the_transform_changes_nothing():
+    """Finite inputs near FLT_MAX whose Hadamard sums overflow: a ValueError, like NaN/Inf inputs."""
+    c = ThcCodec(ThcConfig(rotation_block=256), size=1000)
+    x = np.random.default_rng(0).standard_normal(1000).astype(np.float32)
+    c.encode(x, 50.0)
+    res, step = c.residual, c.step
+    y = x.copy()
+    y[:32] = 3e38  # finite; any two of them with the same sign sum past FLT_MAX
+    with pytest.raises(ValueError, match="overflowed float32.*nothing was changed"):
+        c.encode(y, 1e30)
+    assert c.step == step and np.array_equal(c.residual, res)
+
+
 def test_sizes_and_counts():
     cfg = ThcConfig()
     for bad in (0, -3):

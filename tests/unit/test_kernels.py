@@ -247,6 +247,62 @@ def test_encode_non_finite_changes_nothing(isa, bad):
     assert enc.step == step
 
 
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("ef", [False, True])
+@pytest.mark.parametrize("block,pos", [(64, 0), (1024, 0), (1024, 2500), (None, 0)])
+def test_encode_overflow_inside_the_transform(isa, ef, block, pos):
+    """Finite inputs whose Hadamard sums overflow float32 are an error (as NaN/Inf inputs are) and
+    change nothing, on the fused pipeline (first chunk) and the kernel-by-kernel path (the partial
+    last chunk, the whole partition); the reference agrees."""
+    assert _C.force_isa(isa)
+    cfg = ThcConfig(rotation_block=block, error_feedback=ef)
+    d = 3000
+    enc = _C.Encoder(core(cfg), d, 0, ef)
+    x = np.random.default_rng(0).standard_normal(d).astype(np.float32)
+    enc.encode(x, 100.0)
+    res, step = enc.residual, enc.step
+    big = x.copy()
+    big[pos:pos + 64] = 3e38
+    with pytest.raises(ValueError, match="overflowed float32"):
+        R.encode(cfg, big, 1e30, 0, step, res)
+    with pytest.raises(ValueError, match="rotation of .* overflowed float32.*nothing was changed"):
+        enc.encode(big, 1e30)
+    assert enc.step == step
+    if ef:
+        assert np.array_equal(bits_of(enc.residual), bits_of(res))
+    # A max_norm so large that the error's scale k1 is Inf: only error feedback uses it.
+    if ef:
+        with pytest.raises(ValueError, match="overflowed float32"):
+            enc.encode(x, 1e300)
+        assert enc.step == step
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("ef", [False, True])
+@pytest.mark.parametrize("block", [64, 1024])
+def test_encode_near_overflow_bound_still_bit_exact(isa, ef, block):
+    """Inputs large enough that the up-front overflow bound cannot clear them (B * max|x| above
+    FLT_MAX) but whose sums stay finite: the checked path gives the reference's bits."""
+    assert _C.force_isa(isa)
+    cfg = ThcConfig(rotation_block=block, error_feedback=ef)
+    d = 3000
+    x = np.random.default_rng(1).standard_normal(d).astype(np.float32)
+    x[5] = 3.4e38 / 63  # B * max|x| > FLT_MAX for B >= 64; the first transform's sums stay finite
+    res = np.zeros(d, np.float32) if ef else None
+    m = R.norm(x, res)
+    enc = _C.Encoder(core(cfg), d, 3, ef)
+    try:
+        want, want_res, _ = R.encode(cfg, x, m, 3, 0, res)
+    except ValueError:  # the error's transform (B * e) may overflow: then both say so
+        assert ef
+        with pytest.raises(ValueError, match="overflowed float32"):
+            enc.encode(x, m)
+        return
+    assert np.array_equal(enc.encode(x, m), want)
+    if ef:
+        assert np.array_equal(bits_of(enc.residual), bits_of(want_res))
+
+
 def test_encoder_argument_checks():
     c = core(ThcConfig())
     with pytest.raises(ValueError, match="size must be >= 1, got 0"):
