@@ -6,6 +6,7 @@ and the whole partition), prints the median time per coordinate of
 
     memcpy     np.copyto of d float32 (the yardstick, measured in the same run)
     encode     ThcCodec.encode with error feedback (two transforms), into a preallocated payload
+    encode_noef  the same without error feedback (one transform)
     decode     ThcCodec.decode of n=4 workers' sums, into a preallocated output
     aggregate  one ThcAggregator.add (unpack, table lookup, integer add)
 
@@ -19,6 +20,7 @@ kernels). Targets at d = 2^20, one thread: encode <= 3x, decode <= 3x, aggregate
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 
@@ -47,6 +49,7 @@ class Partition:
         self.x = rng.standard_normal(d, dtype=np.float32)
         self.copy_dst = np.empty_like(self.x)
         self.codec = ThcCodec(cfg, d, rank=seed % 4)
+        self.codec_noef = ThcCodec(dataclasses.replace(cfg, error_feedback=False), d, rank=seed % 4)
         self.max_norm = self.codec.norm(self.x) * 1.5
         self.payload = np.empty(self.codec.payload_bytes, dtype=np.uint8)
         self.codec.encode(self.x, self.max_norm, out=self.payload)
@@ -61,6 +64,9 @@ class Partition:
 
     def encode(self):
         self.codec.encode(self.x, self.max_norm, out=self.payload)
+
+    def encode_noef(self):
+        self.codec_noef.encode(self.x, self.max_norm, out=self.payload)
 
     def decode(self):
         self.codec.decode(self.sums, self.max_norm, WORKERS, out=self.out)
@@ -128,7 +134,7 @@ def main(argv=None):
     ap.add_argument("--blocks", default="1024,0", help="rotation blocks; 0 = whole partition")
     ap.add_argument("--threads", default=f"1,{os.cpu_count()}", help="thread counts")
     ap.add_argument("--repeats", type=int, default=0, help="repeats (default: by size)")
-    ap.add_argument("--ops", default="encode,decode,aggregate")
+    ap.add_argument("--ops", default="encode,encode_noef,decode,aggregate")
     ap.add_argument("--stat", choices=("median", "min"), default="median",
                     help="statistic of the repeats printed (both go to --json); min is steadier "
                          "on a busy machine")
@@ -145,7 +151,8 @@ def main(argv=None):
     ops = args.ops.split(",")
 
     print(f"# byteps-thc codec benchmark: cpu={os.cpu_count()} cores, ISAs {isas} "
-          f"(best {original}); b=4 g=30 p=1/32, EF on; decode/aggregate with {WORKERS} workers' sums")
+          f"(best {original}); b=4 g=30 p=1/32, encode with EF unless _noef; decode/aggregate with "
+          f"{WORKERS} workers' sums; load average {os.getloadavg()[0]:.2f}")
     print(f"# per-coordinate ns (ratio to memcpy of the same float32 bytes); {args.stat} of repeats; "
           f"threads: independent partitions in parallel, ns = wall / (threads * d)")
     pick = statistics.median if args.stat == "median" else min

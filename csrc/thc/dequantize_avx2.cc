@@ -1,4 +1,7 @@
 // byteps-thc codec core: the dequantize kernels, avx2 build (8 floats a vector). See dequantize_impl.h.
 #define THC_ISA avx2
+// FMA (every AVX2 CPU has it; dispatch.cc checks): the transform's exact fma(x, +-1, s).
+#pragma GCC target("fma")
+#define THC_FMA 1
 #define THC_W 8
 #include "dequantize_impl.h"

@@ -1,7 +1,7 @@
 // byteps-thc codec core: the one place that chooses the instruction set.
 //
 // The best kernels the CPU supports are chosen on first use (AVX-512 needs F, BW, DQ, VL and
-// BMI2; AVX2 needs AVX2 and BMI2); ForceIsa lets tests and benchmarks cap the choice. The choice
+// BMI2; AVX2 needs AVX2, BMI2 and FMA); ForceIsa lets tests and benchmarks cap the choice. The choice
 // is a pointer to a table of plain functions, read atomically by every driver call.
 #include <atomic>
 #include <string>
@@ -29,7 +29,8 @@ bool CpuHas(const std::string& name) {
   if (name == "portable") return true;
 #ifdef THC_HAVE_X86
   __builtin_cpu_init();
-  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("bmi2");
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("bmi2") &&
+                    __builtin_cpu_supports("fma");
   if (name == "avx2") return avx2;
   if (name == "avx512")
     return avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&

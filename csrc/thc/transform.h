@@ -5,7 +5,7 @@
 // Hu of a block of n = 2^k floats as stages h = 1, 2, 4, ..., n/2 (docs/ALGORITHM.md). Every
 // element sees the stages in increasing h; only independent butterflies are reordered, so the
 // bits equal the stage-by-stage definition. Layout of the work:
-//   * in-vector stages h < W: one lane shuffle and one add per stage and vector (AVX-512: an
+//   * in-vector stages h < W: one lane shuffle and one add per stage and vector (AVX-512, AVX2: an
 //     exact fused multiply-add by +-1; otherwise a sign flip and an add);
 //   * stages between vectors are done several at a time in registers ("radix" passes: load 2^S
 //     vectors h apart, do S stages, store), so each pass over memory does S stages;
@@ -72,6 +72,9 @@ inline vf InVector(vf x) {
   // leaving the add pipes to the stages between vectors.
   return (vf)_mm512_fmadd_ps((__m512)x, (__m512)AsF(NegMask<H>() | AsU(BroadcastF(1.0f))),
                              (__m512)s);
+#elif THC_W == 8 && defined(THC_FMA)
+  return (vf)_mm256_fmadd_ps((__m256)x, (__m256)AsF(NegMask<H>() | AsU(BroadcastF(1.0f))),
+                             (__m256)s);
 #else
   return s + AsF(AsU(x) ^ NegMask<H>());
 #endif
