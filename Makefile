@@ -70,7 +70,8 @@ mxnet-env:
 	@test -x $(MXPY) || python3 -m venv .cache/venv-mxnet
 	$(MXPY) -m pip install -q --disable-pip-version-check mxnet==1.9.1 numpy==1.23.5 \
 	    scikit-learn==1.3.2 setuptools==75.1.0 wheel==0.44.0
+	@$(MXPY) -c 'import site, os; open(os.path.join(site.getsitepackages()[0], "byteps_thc.pth"), "w").write(os.getcwd() + "\n")'
 	@BYTEPS_THC_MXNET=1 PY=$(CURDIR)/$(MXPY) nice scripts/build_byteps.sh
 
 test-mxnet: $(VENV) mxnet-env
-	$(PY) -m pytest -q -rs tests/cluster/test_mxnet_train.py
+	BYTEPS_THC_TEST_MXNET=1 $(PY) -m pytest -q -rs tests/cluster/test_mxnet_train.py

@@ -140,7 +140,7 @@ sdist="$(fetch_sdist)"
 key="$( {
   echo "sdist $SDIST_SHA256 cpu=$BYTEPS_THC_CPU_ONLY server_only=$server_only without=$without"
   "$PY" -c 'import sys; print(sys.version)'
-  [ "$server_only" = 1 ] || "$PY" -c 'import torch; print("torch", torch.__version__)'
+  [ "$server_only$with_mx" != 00 ] || "$PY" -c 'import torch; print("torch", torch.__version__)'
   echo "tf=$with_tf mxnet=$with_mx"  # the plugins are tied to the exact framework versions
   [ "$with_tf$with_mx" = 00 ] || "$PY" -c 'import importlib.metadata as m
 for d in ("tensorflow", "tensorflow-cpu", "keras", "mxnet"):
@@ -162,6 +162,7 @@ fi
 # ---- prepare the tree ------------------------------------------------------------------------
 start=$(date +%s)
 builds="$CACHE/build${without:+-without-${without//,/-}}"  # a variant never touches the normal tree
+[ "$with_mx" != 1 ] || builds="$builds-mxnet"  # nor does MXNet's (each cleans only its own)
 work="$builds/$key"
 [ -z "$without" ] || mode="$mode, without patch ${without//,/, }"
 log "building BytePS $SDIST_VERSION + $(patch_list | wc -l) patches ($mode, key $key, -j$BYTEPS_BUILD_JOBS)"
