@@ -553,7 +553,8 @@ def plot(records: Sequence[dict], outdir: str) -> List[str]:
             ax.set_title(f"{m}, {rs[0]['workers']} workers, compute {rs[0]['compute_ms']:g} ms",
                          fontsize=9)
             ax.grid(True, which="both", alpha=0.3)
-        axes[0][-1].legend(fontsize=7, loc="best")
+        for ax in axes[0]:   # each panel names its own lines (panels may run different sets)
+            ax.legend(fontsize=6, loc="best")
         fig.tight_layout()
         path = os.path.join(outdir, "bench_step_time.png")
         fig.savefig(path)
