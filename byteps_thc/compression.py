@@ -44,6 +44,44 @@ def min_compress_bytes(environ: Optional[Mapping[str, str]] = None) -> int:
     return int(raw) if raw.strip() else DEFAULT_MIN_COMPRESS_BYTES
 
 
+class LearningRateFile:
+    """`./lr.s`, the learning rate BytePS's vanilla error feedback (ef_type=vanilla) reads.
+
+    Its C++ opens `lr.s` in the process's working directory when the compressor is created and
+    mmaps the 8-byte native double; every compression step rescales the kept error by
+    previous_lr / current_lr. Upstream only its MXNet trainer writes the file; without it a torch
+    worker aborted ("open lr.s failed"). `set(lr)` writes it when the value changes (a cheap
+    comparison otherwise), so a learning-rate schedule reaches the error feedback. The file stays
+    after the run: workers sharing a directory share it, and one that leaves must not take it
+    from the others (they all write the same schedule).
+    """
+
+    PATH = "lr.s"
+
+    def __init__(self, lr: float):
+        import struct
+        self._pack = struct.Struct("d").pack
+        self._f = open(self.PATH, "r+b" if os.path.exists(self.PATH) else "w+b")
+        self._lr = None
+        self.set(lr)
+
+    def set(self, lr: float) -> None:
+        lr = float(lr)
+        if lr == self._lr:
+            return
+        if not lr > 0:
+            raise ValueError(f"learning rate {lr!r}: error feedback (ef_type=vanilla) rescales "
+                             "by previous_lr / current_lr and needs a positive learning rate")
+        self._f.seek(0)
+        self._f.write(self._pack(lr))
+        self._f.flush()
+        self._lr = lr
+
+
+def uses_vanilla_ef(kwargs: Optional[Mapping[str, str]]) -> bool:
+    return bool(kwargs) and kwargs.get("ef_type") == "vanilla"
+
+
 # ------------------------------------------------------------------------------------------------
 # Registry kwargs
 # ------------------------------------------------------------------------------------------------

@@ -181,8 +181,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         # Declare every name in the same order on every worker (BytePS assigns keys in order):
         # gradients with their compressor kwargs first, then the parameters for broadcasts.
         by_name = {self._names[id(p)]: p for p in all_params}
+        kwargs = {name: compression.kwargs(by_name[name]) for name in by_name}
+        # BytePS's vanilla error feedback reads the learning rate from ./lr.s (kept current here)
+        self._lr_file = None
+        if any(_c.uses_vanilla_ef(kw) for kw in kwargs.values()):
+            self._lr_file = _c.LearningRateFile(self.param_groups[0]["lr"])
         for name in sorted(by_name):
-            declare("Gradient." + name, compression.kwargs(by_name[name]))
+            declare("Gradient." + name, kwargs[name])
         for name in sorted(by_name):
             declare("Parameter." + name)
 
@@ -209,6 +214,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _push_pull_grad_async(self, p):
         ops = _ops()
+        if self._lr_file is not None:
+            self._lr_file.set(self.param_groups[0]["lr"])
         name = self._names[id(p)]
         tensor, ctx = self._compression.compress(p.grad)
         if not tensor.is_contiguous():

@@ -94,3 +94,19 @@ def test_dtypes_through_thc(tmp_path, dtype):
     assert found[0][1] == found[1][1], "workers diverged"
     for _, _, first, last in found:
         assert float(last) < float(first)
+
+
+def test_vanilla_error_feedback_gets_the_learning_rate(tmp_path):
+    """BytePS's vanilla EF mmaps ./lr.s; upstream only MXNet wrote it, and a torch worker aborted
+    ("open lr.s failed"). DistributedOptimizer writes it now (in the workers' directory)."""
+    import struct
+    code, out, err, _ = bpslaunch(
+        ["--local", "2", "--compressor", "onebit", "--compressor-ef", "vanilla", "--timeout",
+         "300", "--", sys.executable, EXAMPLE, "--epochs", "2", "--lr", "0.04"],
+        timeout=360, cwd=str(tmp_path))
+    assert code == 0, out[-3000:] + err[-3000:]
+    assert "lr.s failed" not in out + err
+    digests = re.findall(r"\[worker (\d)\] final test accuracy: ([0-9.]+) .*parameter digest (\w+)",
+                         out)
+    assert len(digests) == 2 and digests[0][2] == digests[1][2], out[-2000:]
+    assert struct.unpack("d", (tmp_path / "lr.s").read_bytes()[:8])[0] == 0.04
