@@ -1,5 +1,5 @@
 // byteps-thc: the one idle wait of BytePS's polling loops (patch 0013 calls it where upstream
-// slept 1 us in a dozen places).
+// slept 1 us in a dozen places; patch 0016 makes the pipeline loops wait on their queue).
 //
 // An empty queue makes a loop sleep BYTEPS_IDLE_SLEEP_US microseconds. Default: 1 (upstream's
 // value) in GPU builds; 200 in the CPU-only worker, where a dozen loops waking every ~60 us (the
@@ -30,6 +30,11 @@ inline std::chrono::microseconds IdleSleep() {
 }
 
 inline void IdleWait() { std::this_thread::sleep_for(IdleSleep()); }
+
+// A pipeline loop with nothing to do waits on its queue (patch 0016): an empty queue sleeps until
+// a task is added (or 5 ms), a queue whose tasks are not ready yet polls every IdleSleep().
+template <typename Queue>
+inline void IdleWait(Queue* q) { q->waitForTask(IdleSleep()); }
 
 }  // namespace common
 }  // namespace byteps

@@ -100,7 +100,7 @@ bool RunThcNormLoopOnce() {
   auto q = BytePSGlobal::GetScheduledQueue(THC_NORM);
   auto task = q->getTask();
   if (!task) {
-    IdleWait();
+    IdleWait(q);
     return true;
   }
   // THC_NORM shares the push ready-table with COMPRESS (all local devices copied their part);
