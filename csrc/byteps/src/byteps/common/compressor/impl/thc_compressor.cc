@@ -135,8 +135,15 @@ tensor_t ThcCompressor::Compress(tensor_t grad) {
   auto st = encoder_->Encode(AsFloat(grad), max_norm_,
                              reinterpret_cast<uint8_t*>(send_.data() + sizeof(h)));
   BPS_CHECK(st == thc::Status::kOk)
-      << "THC key " << key_ << ": encode failed (status " << static_cast<int>(st)
-      << "): the gradient or the max norm " << max_norm_ << " is not finite";
+      << "THC key " << key_ << ": encode failed: "
+      << (st == thc::Status::kOverflow
+              ? "a value of the rotated gradient overflowed float32 (gradient entries near "
+                "FLT_MAX, or the max norm " + std::to_string(max_norm_) +
+                    " is too large); scale the loss down or clip gradients"
+              : st == thc::Status::kNonFinite
+                    ? "the gradient or the max norm " + std::to_string(max_norm_) +
+                          " is not finite (NaN or Inf); lower the learning rate or clip gradients"
+                    : "bad argument (status " + std::to_string(static_cast<int>(st)) + ")");
   return {send_.data(), send_.size(), grad.dtype};
 }
 
