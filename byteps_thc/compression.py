@@ -51,7 +51,8 @@ class LearningRateFile:
     mmaps the 8-byte native double; every compression step rescales the kept error by
     previous_lr / current_lr. Upstream only its MXNet trainer writes the file; without it a torch
     worker aborted ("open lr.s failed"). `set(lr)` writes it when the value changes (a cheap
-    comparison otherwise), so a learning-rate schedule reaches the error feedback. The file stays
+    comparison otherwise), so a learning-rate schedule reaches the error feedback; a zero or
+    non-finite rate keeps the last positive one (1.0 before any). The file stays
     after the run: workers sharing a directory share it, and one that leaves must not take it
     from the others (they all write the same schedule).
     """
@@ -69,9 +70,13 @@ class LearningRateFile:
         lr = float(lr)
         if lr == self._lr:
             return
-        if not lr > 0:
-            raise ValueError(f"learning rate {lr!r}: error feedback (ef_type=vanilla) rescales "
-                             "by previous_lr / current_lr and needs a positive learning rate")
+        if not (lr > 0 and lr < float("inf")):
+            # a zero learning rate (warm-up from 0, a frozen replay) would make the ratio
+            # previous_lr / current_lr infinite: keep the last positive rate (1.0 before any),
+            # so the kept error is carried over unscaled while the rate is zero
+            if self._lr is not None:
+                return
+            lr = 1.0
         self._f.seek(0)
         self._f.write(self._pack(lr))
         self._f.flush()

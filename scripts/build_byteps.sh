@@ -23,6 +23,9 @@
 #   BYTEPS_BUILD_JOBS=N      parallel compiles (default 2).  PY=...  the Python to build for.
 #   BYTEPS_THC_TENSORFLOW=0  no TensorFlow plugin (built by default when tensorflow is importable).
 set -euo pipefail
+# The whole script is one block: bash reads it before running it, so editing this file while a
+# build runs cannot break that build.
+{
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY="${PY:-$ROOT/.venv/bin/python}"
@@ -164,6 +167,15 @@ start=$(date +%s)
 builds="$CACHE/build${without:+-without-${without//,/-}}"  # a variant never touches the normal tree
 [ "$with_mx" != 1 ] || builds="$builds-mxnet"  # nor does MXNet's (each cleans only its own)
 work="$builds/$key"
+# One build of a tree at a time (two builds in one checkout deleted each other's files); the
+# second waits, then finds the first one's install if it was the same.
+mkdir -p "$builds"
+exec 9> "$builds.lock"
+if ! flock -n 9; then log "another build of $builds is running; waiting for it"; flock 9; fi
+if [ "$force" = 0 ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$key" ] && [ -d "$dest/byteps" ]; then
+  log "up to date ($mode, key $key, built meanwhile)"
+  exit 0
+fi
 [ -z "$without" ] || mode="$mode, without patch ${without//,/, }"
 log "building BytePS $SDIST_VERSION + $(patch_list | wc -l) patches ($mode, key $key, -j$BYTEPS_BUILD_JOBS)"
 rm -rf "$work"; mkdir -p "$work"
@@ -232,3 +244,5 @@ fi
 find "$builds" -mindepth 1 -maxdepth 1 ! -name "$key" -exec rm -rf {} +
 echo "$key" > "$stamp"
 log "installed into $dest in $(( $(date +%s) - start )) s ($mode)"
+exit 0
+}

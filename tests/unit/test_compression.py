@@ -61,3 +61,23 @@ def test_compression_base_with_a_toy_adapter():
     assert Compression.from_env({}) is Compression.none
     d = Compression.dithering(2, seed=1)
     assert type(d) is Registry and d.kwargs((True, 1 << 20))["compressor_type"] == "dithering"
+
+
+def test_learning_rate_file_for_vanilla_error_feedback(tmp_path, monkeypatch):
+    """./lr.s holds the rate BytePS's vanilla EF mmaps (8-byte native double); a zero rate keeps
+    the last positive one (1.0 before any), never a ratio previous/current that is infinite."""
+    import struct
+    from byteps_thc.compression import LearningRateFile, uses_vanilla_ef
+    monkeypatch.chdir(tmp_path)
+    read = lambda: struct.unpack("d", (tmp_path / "lr.s").read_bytes())[0]  # noqa: E731
+    f = LearningRateFile(0.0)
+    assert read() == 1.0
+    f.set(0.25)
+    assert read() == 0.25
+    f.set(0.0)
+    f.set(float("nan"))
+    assert read() == 0.25
+    f.set(0.125)
+    assert read() == 0.125 and (tmp_path / "lr.s").stat().st_size == 8
+    assert uses_vanilla_ef({"compressor_type": "onebit", "ef_type": "vanilla"})
+    assert not uses_vanilla_ef({"compressor_type": "onebit"}) and not uses_vanilla_ef(None)
