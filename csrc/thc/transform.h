@@ -89,15 +89,15 @@ __attribute__((always_inline)) inline vf AllInVector(vf x) {
 }
 
 // S stages across 2^S register vectors r[0..2^S): distances 1, 2, 4, ... in register index.
-template <int S>
-__attribute__((always_inline)) inline void RegisterStages(vf* r) {
+template <int S, class V = vf>
+__attribute__((always_inline)) inline void RegisterStages(V* r) {
 #pragma GCC unroll 8
   for (int st = 0; st < S; ++st) {
     const int d = 1 << st;
 #pragma GCC unroll 16
     for (int m = 0; m < (1 << S); ++m) {
       if (m & d) continue;
-      const vf a = r[m], b = r[m + d];
+      const V a = r[m], b = r[m + d];
       r[m] = a + b;
       r[m + d] = a - b;
     }
@@ -116,17 +116,7 @@ void RadixPassV(float* x, size_t n, size_t h) {
       V r[1 << S];
 #pragma GCC unroll 16
       for (int m = 0; m < (1 << S); ++m) std::memcpy(&r[m], p + o + m * h, sizeof(V));
-#pragma GCC unroll 8
-      for (int st = 0; st < S; ++st) {
-        const int d = 1 << st;
-#pragma GCC unroll 16
-        for (int m = 0; m < (1 << S); ++m) {
-          if (m & d) continue;
-          const V a = r[m], b = r[m + d];
-          r[m] = a + b;
-          r[m + d] = a - b;
-        }
-      }
+      RegisterStages<S, V>(r);
 #pragma GCC unroll 16
       for (int m = 0; m < (1 << S); ++m) std::memcpy(p + o + m * h, &r[m], sizeof(V));
     }
