@@ -385,12 +385,18 @@ def _spec_info(spec: advise.CompressorSpec) -> dict:
     return info
 
 
+def _scenario(model: str, bw: float, link_gbit: float, compute_ms: float,
+              workers: int) -> "advise.Scenario":
+    """What the advisor is asked about a replay run: every process on this host's cores."""
+    tensors = [math.prod(s) for s in replay_shapes(model)]
+    return advise.Scenario(tensors, bw, compute_ms / 1e3, workers,
+                           efficiency=min(1.0, link_gbit / bw), cores=os.cpu_count())
+
+
 def run_replay(net, a, model: str, spec, bw: float, link_gbit: float, costs, logdir) -> dict:
     compute_ms = a.compute_ms if a.compute_ms is not None else replay_defaults(model)[0]
     batch = replay_defaults(model)[1]
-    tensors = [math.prod(s) for s in replay_shapes(model)]
-    sc = advise.Scenario(tensors, bw, compute_ms / 1e3, a.workers,
-                         efficiency=min(1.0, link_gbit / bw), cores=os.cpu_count())
+    sc = _scenario(model, bw, link_gbit, compute_ms, a.workers)
     pred = advise.predict_one(sc, spec, costs)
     steps = max(a.min_steps, min(a.steps, int(a.run_seconds / max(pred.step_s, 1e-3))))
     cmd = [sys.executable, os.path.abspath(__file__), "--replay-worker", "--model", model,
@@ -401,7 +407,7 @@ def run_replay(net, a, model: str, spec, bw: float, link_gbit: float, costs, log
                       tag=f"{model}{int(bw)}{spec.name[:4]}")
     rec = dict(_spec_info(spec), workload=model, kind="replay", bandwidth_gbit=bw,
                link_gbit_measured=link_gbit, latency_ms=a.latency_ms, workers=a.workers,
-               compute_ms=compute_ms, batch_per_worker=batch, model_bytes=4 * sum(tensors),
+               compute_ms=compute_ms, batch_per_worker=batch, model_bytes=4 * sum(sc.tensors),
                status=res["status"], wall_s=time.time() - t0, loadavg=os.getloadavg()[0],
                predicted_step_time_s=pred.step_s, predicted_wire_bytes_per_step=pred.wire_bytes_per_step,
                predicted_bound=pred.bound)
@@ -526,6 +532,12 @@ def plot(records: Sequence[dict], outdir: str) -> List[str]:
     import matplotlib.pyplot as plt
     os.makedirs(outdir, exist_ok=True)
     written = []
+
+    def save(fig, name: str) -> None:
+        path = os.path.join(outdir, name)
+        fig.savefig(path)
+        plt.close(fig)
+        written.append(path)
     ok = [r for r in records if r["status"] == "ok"]
     replay = [r for r in ok if r.get("kind") == "replay"]
     models = [m for m in dict.fromkeys(r["workload"] for r in replay)]
@@ -556,10 +568,7 @@ def plot(records: Sequence[dict], outdir: str) -> List[str]:
         for ax in axes[0]:   # each panel names its own lines (panels may run different sets)
             ax.legend(fontsize=6, loc="best")
         fig.tight_layout()
-        path = os.path.join(outdir, "bench_step_time.png")
-        fig.savefig(path)
-        plt.close(fig)
-        written.append(path)
+        save(fig, "bench_step_time.png")
 
         fig, ax = plt.subplots(figsize=(4.6, 4.2), dpi=80)
         for comp in dict.fromkeys(r["compressor"] for r in replay):
@@ -579,10 +588,7 @@ def plot(records: Sequence[dict], outdir: str) -> List[str]:
         ax.legend(fontsize=6)
         ax.grid(True, which="both", alpha=0.3)
         fig.tight_layout()
-        path = os.path.join(outdir, "bench_advisor.png")
-        fig.savefig(path)
-        plt.close(fig)
-        written.append(path)
+        save(fig, "bench_advisor.png")
 
     if replay:  # bytes on the wire and step time per compressor, one group per workload+bandwidth
         groups = list(dict.fromkeys((r["workload"], r["bandwidth_gbit"]) for r in replay))
@@ -603,10 +609,7 @@ def plot(records: Sequence[dict], outdir: str) -> List[str]:
                 ax.invert_yaxis()
                 ax.grid(True, axis="x", alpha=0.3)
         fig.tight_layout()
-        path = os.path.join(outdir, "bench_bytes_and_steps.png")
-        fig.savefig(path)
-        plt.close(fig)
-        written.append(path)
+        save(fig, "bench_bytes_and_steps.png")
 
     train = [r for r in ok if r.get("kind") == "training" and r.get("accuracy_curve")]
     if train:
@@ -625,10 +628,7 @@ def plot(records: Sequence[dict], outdir: str) -> List[str]:
         ax.legend(fontsize=7)
         ax.grid(True, alpha=0.3)
         fig.tight_layout()
-        path = os.path.join(outdir, "bench_accuracy.png")
-        fig.savefig(path)
-        plt.close(fig)
-        written.append(path)
+        save(fig, "bench_accuracy.png")
     return written
 
 
@@ -639,11 +639,9 @@ def repredict(records: List[dict], costs) -> None:
         if r.get("kind") != "replay":
             continue
         spec = advise.parse_spec(r["compressor"], r["workers"])
-        tensors = [math.prod(s) for s in replay_shapes(r["workload"])]
-        link = r.get("link_gbit_measured") or r["bandwidth_gbit"]
-        sc = advise.Scenario(tensors, r["bandwidth_gbit"], r["compute_ms"] / 1e3, r["workers"],
-                             efficiency=min(1.0, link / r["bandwidth_gbit"]),
-                             cores=os.cpu_count())
+        sc = _scenario(r["workload"], r["bandwidth_gbit"],
+                       r.get("link_gbit_measured") or r["bandwidth_gbit"], r["compute_ms"],
+                       r["workers"])
         pred = advise.predict_one(sc, spec, costs)
         r.update(predicted_step_time_s=pred.step_s, predicted_bound=pred.bound,
                  predicted_wire_bytes_per_step=pred.wire_bytes_per_step)

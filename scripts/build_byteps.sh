@@ -157,7 +157,8 @@ for d in ("tensorflow", "tensorflow-cpu", "keras", "mxnet"):
 
 dest="${target:-$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')}"
 stamp="$dest/.byteps-thc-build.stamp"
-if [ "$force" = 0 ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$key" ] && [ -d "$dest/byteps" ]; then
+up_to_date() { [ "$force" = 0 ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$key" ] && [ -d "$dest/byteps" ]; }
+if up_to_date; then
   log "up to date ($mode, key $key)"
   exit 0
 fi
@@ -172,7 +173,7 @@ work="$builds/$key"
 mkdir -p "$builds"
 exec 9> "$builds.lock"
 if ! flock -n 9; then log "another build of $builds is running; waiting for it"; flock 9; fi
-if [ "$force" = 0 ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$key" ] && [ -d "$dest/byteps" ]; then
+if up_to_date; then
   log "up to date ($mode, key $key, built meanwhile)"
   exit 0
 fi
