@@ -29,15 +29,23 @@ The model (one step of synchronous data-parallel training through one parameter 
    per push the decompress-and-add (THC: table lookup and integer add) and per round the
    recompression. Partitions pipeline with the network, so
        t_cpu = max(worker, server)          (every process on its own machine), or
-       t_cpu = max(worker, server, (n*worker + server + tcp) / cores)   (all on one host of
-   `cores`, where the kernel's TCP work on every byte, `tcp`, competes for the same cores)
+       t_cpu = max(worker', server', (n*worker' + server') / cores)   (all on one host of
+   `cores`), where worker' and server' add the stack: what moving the bytes costs BytePS's
+   queues, ps-lite, ZeroMQ and the kernel's TCP on both ends, per payload byte and per partition
+   (stack_byte_w/s, stack_part_w/s), measured on a calibration cluster of the real stack
+   (byteps_thc.stackcost); without a calibration, loopback TCP alone (`tcp_byte`, per byte)
    plus one partition's encode+decode as fill.
 5. step = compute + max(t_net, t_cpu) + fills + 2 round trips (THC adds its norm round trip).
 
 Costs per element (encode, decode, aggregate...) are measured on this host once (`host_costs`,
 cached in ~/.cache/byteps_thc/advise-costs.json): THC through the real codec (byteps_thc._C),
 float sums/casts with NumPy, BytePS's own compressors with NumPy stand-ins of the same work (their
-C++ is not callable from Python; the estimate is rough and labelled so). Tests inject costs.
+C++ is not callable from Python). Then, where BytePS is installed, calibration clusters of the real
+stack (`bpslaunch --local 2`, loopback, about two minutes; byteps_thc.stackcost) price the stack
+(above) and, per compressor, what its real code costs beyond those figures (`<c>_xw` per element
+on a worker, `<c>_xs` per element and push on the server: the real C++ of top-k, random-k,
+dithering and 1-bit against their stand-ins, BytePS's THC stages against the codec timed alone;
+measured at k=0.01, 8 levels, with error feedback, 2 workers). Tests inject costs.
 """
 from __future__ import annotations
 
@@ -56,7 +64,7 @@ DEFAULT_PARTITION_BYTES = 4096000      # BytePS's BYTEPS_PARTITION_BYTES default
 DEFAULT_MIN_COMPRESS_BYTES = 65536     # BytePS's BYTEPS_MIN_COMPRESS_BYTES default
 DEFAULT_EFFICIENCY = 0.93              # TCP goodput / line rate (measured 0.95 at 1 Gbit/s, tbf)
 COST_CACHE = os.path.join(os.path.expanduser("~"), ".cache", "byteps_thc", "advise-costs.json")
-COST_VERSION = 6
+COST_VERSION = 7
 
 # ------------------------------------------------------------------------------------------------
 # Models: the parameter (gradient) shapes, in the order the layers are defined.
@@ -290,6 +298,17 @@ COST_KEYS = (
     "dither_c", "dither_d",
     "tcp_byte",      # kernel TCP send + receive per payload byte (only when processes share a host)
 )
+# Measured with calibration clusters of the real stack (byteps_thc.stackcost.calibrate): what the
+# per-element costs above leave out. Optional: without them (no BytePS here, injected costs) the
+# model falls back to `tcp_byte` for the stack and to the per-element costs alone.
+STACK_KEYS = (
+    "stack_byte_w",  # one worker's CPU per payload byte it sends or receives (BytePS+ps-lite+TCP)
+    "stack_byte_s",  # the server's CPU per payload byte through it
+    "stack_part_w",  # one worker's CPU per partition it push_pulls
+    "stack_part_s",  # the server's CPU per partition push
+) + tuple(f"{c}_{r}" for c in ("fp16", "thc") + REGISTRY_COMPRESSORS for r in ("xw", "xs"))
+#   <c>_xw / <c>_xs: per compressed element, one worker's / the server's per push CPU beyond the
+#   per-element costs and the stack (the real code against its stand-in or its timing alone)
 
 
 @dataclasses.dataclass
@@ -299,6 +318,26 @@ class HostCosts:
 
     def __getitem__(self, key: str) -> float:
         return self.per_elem[key]
+
+    def get(self, key: str, default: float = 0.0) -> float:
+        return self.per_elem.get(key, default)
+
+    @property
+    def has_stack(self) -> bool:
+        return all(k in self.per_elem for k in STACK_KEYS)
+
+
+def load_costs(path: str) -> HostCosts:
+    """Costs from a JSON file in the cache's format ({"per_elem": {...}, "source": ...}), e.g. a
+    copy of ~/.cache/byteps_thc/advise-costs.json from another host or another time."""
+    with open(path) as f:
+        data = json.load(f)
+    per = data["per_elem"] if "per_elem" in data else data
+    missing = [k for k in COST_KEYS if k not in per]
+    if missing:
+        raise ValueError(f"{path}: costs without {', '.join(missing)}")
+    return HostCosts({k: float(v) for k, v in per.items()},
+                     f"{data.get('source', 'file')} (from {path})")
 
 
 def _best_of(fn, repeats: int) -> float:
@@ -345,11 +384,31 @@ def tcp_cost_per_byte(nbytes: int = 64 << 20) -> float:
     return cpu / max(1, got[0])
 
 
-def measure_costs(elems: int = 1 << 20, repeats: int = 5, thc_config=None) -> HostCosts:
-    """Time each operation on `elems` elements (best of `repeats`); a few seconds.
+def measure_costs(elems: int = 1 << 20, repeats: int = 5, thc_config=None,
+                  stack: bool = True) -> HostCosts:
+    """Time each operation on `elems` elements (best of `repeats`); a few seconds. With `stack`
+    and BytePS installed, then the calibration clusters of byteps_thc.stackcost (STACK_KEYS; about
+    two minutes on a 2-core host).
 
     Memory-bound operations (copies, sums, casts) are timed on 16x larger arrays so that they
     stream from memory as a model's gradients do, not from the cache."""
+    costs = _measure_elem_costs(elems, repeats, thc_config)
+    if not stack:
+        return costs
+    from . import stackcost
+    why = stackcost.available()
+    if why is None:
+        try:
+            costs.per_elem.update(stackcost.calibrate(costs))
+            costs.source += "; stack: calibration clusters (bpslaunch --local 2, loopback)"
+            return costs
+        except (RuntimeError, OSError) as e:
+            why = f"{type(e).__name__}: {e}"[:200]
+    costs.source += f"; stack: loopback TCP only ({why})"
+    return costs
+
+
+def _measure_elem_costs(elems: int, repeats: int, thc_config) -> HostCosts:
     import numpy as np
     rng = np.random.default_rng(1)
     x = rng.standard_normal(elems).astype(np.float32)
@@ -580,6 +639,15 @@ def _cpu_costs(spec: CompressorSpec, elems: int, compressed: bool, n: int,
     return worker, server
 
 
+def _stack_extra(spec: CompressorSpec, elems: int, compressed: bool, n: int,
+                 costs: HostCosts) -> Tuple[float, float]:
+    """(one worker's, the server's) CPU for a partition beyond _cpu_costs, measured on the real
+    stack (`<name>_xw`, `<name>_xs`; 0 without a calibration)."""
+    if spec.name == "none" or (not compressed and spec.name != "fp16"):
+        return 0.0, 0.0
+    return (costs.get(f"{spec.name}_xw") * elems, n * costs.get(f"{spec.name}_xs") * elems)
+
+
 def predict_one(sc: Scenario, spec: CompressorSpec, costs: HostCosts) -> Prediction:
     n = sc.workers
     parts = partitions(sc.tensors, sc.partition_bytes, sc.min_compress_bytes)
@@ -591,6 +659,8 @@ def predict_one(sc: Scenario, spec: CompressorSpec, costs: HostCosts) -> Predict
     for elems, comp in parts:
         u, d = wire_bytes(spec, elems, comp, n, rate)
         w, s = _cpu_costs(spec, elems, comp, n, costs)
+        xw, xs = _stack_extra(spec, elems, comp, n, costs)
+        w, s = max(0.0, w + xw), max(0.0, s + xs)     # the real code may beat its stand-in
         up, down, wcpu, scpu = up + u, down + d, wcpu + w, scpu + s
         fill_bytes = max(fill_bytes, u + d)
         fill_cpu = max(fill_cpu, w)
@@ -601,6 +671,16 @@ def predict_one(sc: Scenario, spec: CompressorSpec, costs: HostCosts) -> Predict
     scpu_t = scpu / sc.servers
     if sc.cores is None:
         cpu = max(wcpu_t, scpu_t)
+    elif costs.has_stack:
+        # one host: the workers, the server and everything that moves their bytes (BytePS's
+        # queues, ps-lite, ZeroMQ, the kernel's TCP on both ends), measured per payload byte and
+        # per partition on a calibration cluster of the real stack, share its cores
+        wstack = (up + down) * costs["stack_byte_w"] + len(parts) * costs["stack_part_w"]
+        sstack = n * ((up + down) * costs["stack_byte_s"] + len(parts) * costs["stack_part_s"])
+        sstack /= sc.servers
+        cpu = max(wcpu_t + wstack, scpu_t + sstack,
+                  (n * (wcpu + wstack) + scpu + sstack * sc.servers) / sc.cores)
+        wcpu_t, scpu_t = wcpu_t + wstack, scpu_t + sstack    # what each process's CPU shows
     else:  # one host: the workers, the server and the kernel's TCP work share its cores
         tcp = n * (up + down) * costs.per_elem.get("tcp_byte", 0.0)
         cpu = max(wcpu_t, scpu_t, (n * wcpu + scpu + tcp) / sc.cores)
@@ -694,6 +774,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--compressors", default=None,
                     help="comma-separated, e.g. none,fp16,thc,thc-n,onebit+ef,topk-0.01+ef")
     ap.add_argument("--refresh-costs", action="store_true", help="re-measure this host's costs")
+    ap.add_argument("--costs", metavar="PATH", default=None,
+                    help="per-element costs from this JSON file (the cache's format) instead of "
+                         "this host's")
     ap.add_argument("--json", action="store_true", help="print JSON instead of a table")
     a = ap.parse_args(argv)
     if a.model:
@@ -706,7 +789,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         compute_ms = a.compute_ms
     specs = (default_specs(a.workers) if a.compressors is None else
              [parse_spec(s, a.workers) for s in a.compressors.split(",") if s.strip()])
-    costs = host_costs(refresh=a.refresh_costs)
+    costs = load_costs(a.costs) if a.costs else host_costs(refresh=a.refresh_costs)
     out = []
     for bw in [float(b) for b in str(a.bandwidth).split(",")]:
         sc = Scenario(tensors, bw, compute_ms / 1e3, a.workers, a.servers, a.efficiency,

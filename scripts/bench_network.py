@@ -58,6 +58,7 @@ if ROOT not in sys.path:
 from byteps_thc import advise  # noqa: E402
 from byteps_thc.netem import (CleanupOnSignal, EmulatedNetwork, NetemError,  # noqa: E402
                               available, cleanup_stale, measure_tcp)
+from byteps_thc.stackcost import launcher_flags  # noqa: E402  (bpslaunch flags of a spec)
 
 DIGITS = os.path.join(ROOT, "example", "pytorch", "train_digits.py")
 SCHED_PORT = 9300
@@ -221,25 +222,6 @@ def base_env(net: EmulatedNetwork, workers: int) -> Dict[str, str]:
         "OMP_NUM_THREADS": "1",
     })
     return env
-
-
-def launcher_flags(spec: advise.CompressorSpec) -> List[str]:
-    """bpslaunch flags for a compressor (the user's path: they become BYTEPS_* environment)."""
-    if spec.name == "none":
-        return ["--compressor", "none"]
-    if spec.name == "fp16":
-        return ["--compressor", "fp16"]
-    if spec.name == "thc":
-        cfg = spec.thc_config()
-        return ["--compressor", "thc", "--thc-bits", str(cfg.bits),
-                "--thc-granularity", str(cfg.granularity),
-                "--thc-overflow-prob", repr(cfg.overflow_prob), "--thc-seed", str(cfg.seed)]
-    flags = ["--compressor", spec.name]
-    if spec.k is not None:
-        flags += ["--compressor-k", f"{spec.k:g}"]
-    if spec.ef:
-        flags += ["--compressor-ef", "vanilla"]
-    return flags
 
 
 def run_cluster(net: EmulatedNetwork, workers: int, spec: advise.CompressorSpec,
@@ -729,6 +711,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--repredict", action="store_true",
                     help="with --from-json: the advisor's predictions made anew (current model, "
                          "this host's costs)")
+    ap.add_argument("--costs", metavar="PATH", default=None,
+                    help="the advisor's host costs from this JSON file (the format of "
+                         "~/.cache/byteps_thc/advise-costs.json) instead of this host's")
     ap.add_argument("--from-json", metavar="PATHS",
                     help="run nothing: print the table and write --plot/--json from these "
                          "earlier --json outputs (comma-separated; merged in order)")
@@ -747,7 +732,7 @@ def main(argv=None) -> int:
             with open(path) as f:
                 records += json.load(f)
         if a.repredict:
-            repredict(records, advise.host_costs())
+            repredict(records, advise.load_costs(a.costs) if a.costs else advise.host_costs())
         report(records, a)
         return 0
     why = preflight()
@@ -766,7 +751,7 @@ def main(argv=None) -> int:
     stale = cleanup_stale()
     if stale:
         log(f"removed namespaces left by killed runs: {' '.join(stale)}")
-    costs = advise.host_costs()
+    costs = advise.load_costs(a.costs) if a.costs else advise.host_costs()
     log(f"host costs for the advisor: {costs.source}")
     deadline = time.monotonic() + a.time_budget * 60
     logdir = a.logdir or tempfile.mkdtemp(prefix="thcbench-")

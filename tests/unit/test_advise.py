@@ -177,3 +177,105 @@ def test_host_costs_cache_roundtrip(tmp_path, monkeypatch):
     assert a.per_elem == b.per_elem and len(calls) == 1 and "cached" in b.source
     advise.host_costs(cache_path=path, refresh=True)
     assert len(calls) == 2
+
+
+# ------------------------------------------------------------------------------------------------
+# The stack costs of a calibration cluster (byteps_thc.stackcost)
+# ------------------------------------------------------------------------------------------------
+STACK0 = {k: 0.0 for k in advise.STACK_KEYS}
+STACK = dict(STACK0, stack_byte_w=1e-9, stack_byte_s=0.5e-9, stack_part_w=1e-4, stack_part_s=2e-4)
+
+
+def test_shared_host_counts_the_stack_per_byte_and_partition_instead_of_tcp():
+    costs = HostCosts(dict(ZERO.per_elem, tcp_byte=7e-9, **STACK), "stack")
+    assert costs.has_stack and not ZERO.has_stack
+    p = predict_one(sc(bandwidth_gbit=1000.0, cores=2), CompressorSpec("none"), costs)
+    parts = len(advise.partitions([25 * M]))
+    b = 2 * 4 * 25 * M                                   # one worker's bytes up and down
+    wstack = b * 1e-9 + parts * 1e-4
+    sstack = 2 * (b * 0.5e-9 + parts * 2e-4)             # both workers' bytes and partitions
+    assert p.bound == "cpu"
+    # tcp_byte is not added on top: the calibration's CPU includes the kernel's TCP
+    assert p.step_s == pytest.approx(0.1 + (2 * wstack + sstack) / 2, rel=1e-9)
+    assert p.worker_cpu_s == pytest.approx(wstack) and p.server_cpu_s == pytest.approx(sstack)
+    # processes on machines of their own: the stack is not priced (as tcp_byte was not)
+    own = predict_one(sc(bandwidth_gbit=1000.0), CompressorSpec("none"), costs)
+    assert own.step_s == pytest.approx(0.1 + own.network_s)
+
+
+def test_stack_charges_every_partition():
+    costs = HostCosts(dict(ZERO.per_elem, **STACK), "stack")
+    # one core: the step's CPU is everything added up (no process's own share can exceed it)
+    one = predict_one(sc(tensors=[1 << 20], bandwidth_gbit=1e4, cores=1), CompressorSpec("none"),
+                      costs)
+    many = predict_one(sc(tensors=[1 << 14] * 64, bandwidth_gbit=1e4, cores=1),
+                       CompressorSpec("none"), costs)
+    assert one.wire_bytes_per_step == many.wire_bytes_per_step
+    assert len(advise.partitions([1 << 20])) == 2       # 4 MiB > BYTEPS_PARTITION_BYTES
+    per_part = 2 * 1e-4 + 2 * 2e-4                      # two workers' and the server's share
+    assert many.step_s - one.step_s == pytest.approx(62 * per_part, rel=1e-6)
+
+
+def test_calibrated_extras_correct_a_stand_in_and_stop_at_zero():
+    spec = parse_spec("topk-0.01+ef")
+    tensors = [25 * M, 1000]                             # the small one travels uncompressed
+    elems = sum(e for e, c in advise.partitions(tensors) if c)
+    base = predict_one(sc(tensors=tensors), spec, ONE_NS)
+    cal = predict_one(sc(tensors=tensors), spec,
+                      HostCosts(dict(ONE_NS.per_elem, **dict(STACK0, topk_xw=3e-9,
+                                                             topk_xs=-0.5e-9)), "cal"))
+    assert cal.worker_cpu_s - base.worker_cpu_s == pytest.approx(3e-9 * elems, rel=1e-9)
+    assert cal.server_cpu_s - base.server_cpu_s == pytest.approx(-2 * 0.5e-9 * elems, rel=1e-9)
+    cheap = predict_one(sc(tensors=[25 * M]), spec,
+                        HostCosts(dict(ONE_NS.per_elem, **dict(STACK0, topk_xs=-1.0)), "cheap"))
+    assert cheap.server_cpu_s == 0.0
+    # other compressors are not touched by topk's extras
+    other = HostCosts(dict(ONE_NS.per_elem, **dict(STACK0, topk_xw=3e-9)), "x")
+    assert predict_one(sc(), CompressorSpec("thc"), other).step_s == pytest.approx(
+        predict_one(sc(), CompressorSpec("thc"), ONE_NS).step_s)
+
+
+def _calibration_run(text, tensors, truth, micro, n=2):
+    """A StackCost with the CPU a host of known costs (`truth`, `micro`) would show."""
+    from byteps_thc import stackcost
+    spec = parse_spec(text, n)
+    parts = advise.partitions(tensors)
+    up = down = w = s = 0.0
+    for e, c in parts:
+        u, d = advise.wire_bytes(spec, e, c, n)
+        mw, ms = advise._cpu_costs(spec, e, c, n, micro)
+        up, down = up + u, down + d
+        w += mw + (truth.get(f"{spec.name}_xw", 0.0) * e if c else 0.0)
+        s += ms + (n * truth.get(f"{spec.name}_xs", 0.0) * e if c else 0.0)
+    w += (up + down) * truth["stack_byte_w"] + len(parts) * truth["stack_part_w"]
+    s += n * ((up + down) * truth["stack_byte_s"] + len(parts) * truth["stack_part_s"])
+    return stackcost.StackCost(spec.label, list(tensors), 10, 0.1, n * w, s, 0.0, 0.0, up, down,
+                               n)
+
+
+def test_stackcost_derive_recovers_the_costs_of_a_known_host():
+    from byteps_thc import stackcost
+    truth = dict(stack_byte_w=0.6e-9, stack_byte_s=0.3e-9, stack_part_w=1.2e-4,
+                 stack_part_s=1.5e-4, topk_xw=8e-9, topk_xs=2e-9, thc_xw=2.5e-9, thc_xs=0.2e-9)
+    big = list(stackcost.DEFAULT_TENSORS)
+    small = list(stackcost.SMALL_TENSORS)
+    runs = [_calibration_run(t, big, truth, ONE_NS) for t in ("topk-0.01+ef", "thc")]
+    got = stackcost.derive(_calibration_run("none", big, truth, ONE_NS),
+                           _calibration_run("none", small, truth, ONE_NS), runs, ONE_NS)
+    assert set(got) == set(truth)
+    for k, v in truth.items():
+        assert got[k] == pytest.approx(v, rel=1e-6), k
+    with pytest.raises(ValueError):   # one partition size cannot separate bytes from partitions
+        stackcost.derive(_calibration_run("none", big, truth, ONE_NS),
+                         _calibration_run("none", big, truth, ONE_NS), [], ONE_NS)
+
+
+def test_load_costs(tmp_path):
+    import json
+    path = tmp_path / "costs.json"
+    path.write_text(json.dumps({"per_elem": dict(ONE_NS.per_elem, **STACK), "source": "s"}))
+    c = advise.load_costs(str(path))
+    assert c.per_elem == dict(ONE_NS.per_elem, **STACK) and c.has_stack and "s" in c.source
+    path.write_text(json.dumps({"per_elem": {"copy": 1e-9}}))
+    with pytest.raises(ValueError, match="add_f32"):
+        advise.load_costs(str(path))

@@ -1,0 +1,409 @@
+"""What moving gradients through the real BytePS stack costs the CPU: a small calibration cluster.
+
+    python -m byteps_thc.stackcost                       # none, 8 tensors of one partition each
+    python -m byteps_thc.stackcost --compressor topk-0.01+ef --json
+
+The advisor's per-element costs (byteps_thc.advise.measure_costs) time single operations: a copy,
+a sum, THC's encode. What they leave out is everything between them: BytePS's pipeline stages and
+their queues, ps-lite and ZeroMQ framing and copies, the kernel's TCP on both ends, the wake-ups
+of every thread. This module measures that whole bill with the real stack: `bpslaunch --local 2`
+(the scheduler, one server and two CPU workers on 127.0.0.1), each worker push_pulling a few
+synthetic gradients through byteps.torch's DistributedOptimizer step after step without pause
+(no compute: every step is communication), while this process samples the CPU time (user +
+system, every thread) of every process of the cluster from /proc/<pid>/stat. The workers report
+the wall-clock window of their measured steps and their own CPU time (os.times) in it.
+
+Result (`StackCost`): per step, the workers' and the server's CPU seconds and the payload bytes
+of a step (known from the tensors and the compressor, byteps_thc.advise.wire_bytes), and the
+host's busy time from /proc/stat over the same window (for a check: on an otherwise idle host it
+should match the processes' sum; kernel work charged to no process shows as a difference).
+
+Needs the BytePS fork (make byteps) and torch; takes 15-30 s per compressor on a 2-core host.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from typing import Dict, List, Optional, Sequence
+
+RESULT_TAG = "STACKCOST "
+# one BytePS partition each (BYTEPS_PARTITION_BYTES 4096000 / 4): every push is one full message
+DEFAULT_TENSORS = (1024000,) * 8
+
+
+def launcher_flags(spec) -> List[str]:
+    """bpslaunch flags for an advise.CompressorSpec (they become BYTEPS_* environment)."""
+    if spec.name in ("none", "fp16"):
+        return ["--compressor", spec.name]
+    if spec.name == "thc":
+        cfg = spec.thc_config()
+        return ["--compressor", "thc", "--thc-bits", str(cfg.bits),
+                "--thc-granularity", str(cfg.granularity),
+                "--thc-overflow-prob", repr(cfg.overflow_prob), "--thc-seed", str(cfg.seed)]
+    flags = ["--compressor", spec.name]
+    if spec.k is not None:
+        flags += ["--compressor-k", f"{spec.k:g}"]
+    if spec.ef:
+        flags += ["--compressor-ef", "vanilla"]
+    return flags
+
+
+# ------------------------------------------------------------------------------------------------
+# Inside a worker
+# ------------------------------------------------------------------------------------------------
+def worker_main(tensors: Sequence[int], steps: int, warmup: int) -> int:
+    import torch
+    import byteps.torch as bps
+    torch.set_num_threads(1)
+    bps.init()
+    rank = bps.rank()
+    params = [torch.nn.Parameter(torch.zeros(n)) for n in tensors]
+    named = [(f"t{i:03d}", p) for i, p in enumerate(params)]
+    opt = bps.DistributedOptimizer(torch.optim.SGD(params, lr=0.0), named_parameters=named)
+    gen = torch.Generator().manual_seed(1000 + rank)
+    grads = [torch.randn(n, generator=gen).mul_(0.01) for n in tensors]
+    w0 = c0 = 0.0
+    for step in range(warmup + steps):
+        with torch.no_grad():
+            for p, g in zip(params, grads):
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                p.grad.copy_(g)
+        if step == warmup:
+            t = os.times()
+            w0, c0 = time.time(), t.user + t.system
+        opt.synchronize()
+    t = os.times()
+    w1, c1 = time.time(), t.user + t.system
+    print(RESULT_TAG + json.dumps({"rank": rank, "w0": w0, "w1": w1, "cpu": c1 - c0,
+                                   "steps": steps}), flush=True)
+    bps.shutdown()
+    return 0
+
+
+# ------------------------------------------------------------------------------------------------
+# The driver
+# ------------------------------------------------------------------------------------------------
+@dataclasses.dataclass
+class StackCost:
+    compressor: str
+    tensors: List[int]
+    steps: int
+    step_s: float              # wall time of one step (workers' window / steps)
+    worker_cpu_s: float        # both workers together, per step (their own os.times)
+    server_cpu_s: float        # the server process, per step (/proc samples)
+    other_cpu_s: float         # the scheduler and the launcher, per step
+    host_busy_s: float         # /proc/stat: all cores' non-idle time per step (whole host)
+    up_bytes: float            # one worker's payload per step (advise.wire_bytes)
+    down_bytes: float
+    workers: int = 2
+
+    @property
+    def payload_bytes(self) -> float:
+        """All links' payload of a step: n * (up + down)."""
+        return self.workers * (self.up_bytes + self.down_bytes)
+
+    @property
+    def cluster_cpu_s(self) -> float:
+        return self.worker_cpu_s + self.server_cpu_s + self.other_cpu_s
+
+    def as_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d.update(payload_bytes=self.payload_bytes, cluster_cpu_s=self.cluster_cpu_s)
+        return d
+
+
+def _all_stats() -> Dict[int, tuple]:
+    """pid -> (ppid, utime+stime seconds) of every process."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            out[int(d)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / tick)
+        except (OSError, IndexError, ValueError):
+            pass
+    return out
+
+
+def _role(pid: int, cache: Dict[int, str]) -> str:
+    if pid not in cache:
+        role = "other"
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                for kv in f.read().split(b"\0"):
+                    if kv.startswith(b"DMLC_ROLE="):
+                        role = kv[10:].decode()
+        except OSError:
+            pass
+        cache[pid] = role
+    return cache[pid]
+
+
+def _host_busy() -> float:
+    """Seconds of non-idle time of all cores (/proc/stat: all but idle and iowait)."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    return (sum(v[:8]) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def _interp(samples: List[tuple], t: float, key) -> float:
+    """Linear interpolation of key(sample) at wall time t."""
+    if t <= samples[0][0]:
+        return key(samples[0])
+    for a, b in zip(samples, samples[1:]):
+        if a[0] <= t <= b[0]:
+            va, vb = key(a), key(b)
+            return va if b[0] == a[0] else va + (vb - va) * (t - a[0]) / (b[0] - a[0])
+    return key(samples[-1])
+
+
+def measure(spec_text: str = "none", tensors: Sequence[int] = DEFAULT_TENSORS, steps: int = 30,
+            warmup: int = 3, workers: int = 2, timeout_s: float = 240.0,
+            log=None) -> StackCost:
+    """One calibration cluster for the compressor `spec_text` (advise.parse_spec syntax)."""
+    from . import advise
+    spec = advise.parse_spec(spec_text, workers)
+    parts = advise.partitions(tensors)
+    up = down = 0.0
+    for elems, comp in parts:
+        u, d = advise.wire_bytes(spec, elems, comp, workers)
+        up, down = up + u, down + d
+    run_dir = tempfile.mkdtemp(prefix="thcstack")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DMLC_", "BYTEPS_"))}
+    # as scripts/bench_network.py's roles run: one OpenMP thread; the compression thread pool
+    # bpslaunch gives one worker of a 2-core machine (role mode)
+    env.update(OMP_NUM_THREADS="1", BYTEPS_LOG_LEVEL="WARNING",
+               BYTEPS_THREADPOOL_SIZE=str(max(1, min(4, len(os.sched_getaffinity(0))))))
+    cmd = ([sys.executable, "-m", "byteps_thc.launch", "--local", str(workers), "--no-prefix"]
+           + launcher_flags(spec) + ["--", sys.executable, "-m", "byteps_thc.stackcost",
+                                     "--worker", "--steps", str(steps), "--warmup", str(warmup),
+                                     "--tensors", ",".join(str(int(n)) for n in tensors)])
+    pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = pkg_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH")
+                                    else "")
+    p = subprocess.Popen(cmd, cwd=run_dir, env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, start_new_session=True)
+    lines: List[str] = []
+    samples: List[tuple] = []          # (time, {role: cpu seconds}, host busy)
+    roles: Dict[int, str] = {}
+    seen: Dict[int, float] = {}        # pid -> CPU seconds (the latest sample that found it)
+    stop = threading.Event()
+
+    def pump():
+        for raw in iter(p.stdout.readline, b""):
+            lines.append(raw.decode("utf-8", "replace").rstrip("\n"))
+
+    def sample():
+        while not stop.is_set():
+            stats = _all_stats()
+            tree = {p.pid}
+            grew = True
+            while grew:
+                grew = False
+                for pid, (ppid, _) in stats.items():
+                    if ppid in tree and pid not in tree:
+                        tree.add(pid)
+                        grew = True
+            for pid in tree:      # a process that exits keeps the CPU time it was last seen with
+                if pid in stats:
+                    seen[pid] = max(seen.get(pid, 0.0), stats[pid][1])
+                    _role(pid, roles)
+            by_role: Dict[str, float] = {}
+            for pid, cpu in seen.items():
+                by_role[roles[pid]] = by_role.get(roles[pid], 0.0) + cpu
+            samples.append((time.time(), by_role, _host_busy()))
+            stop.wait(0.2)
+
+    threads = [threading.Thread(target=pump, daemon=True),
+               threading.Thread(target=sample, daemon=True)]
+    for t in threads:
+        t.start()
+    try:
+        p.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGTERM)
+        p.wait(timeout=10)
+        raise RuntimeError(f"stack calibration ({spec_text}) did not finish in {timeout_s:.0f} s:"
+                           "\n" + "\n".join(lines[-12:]))
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=5)
+        shutil.rmtree(run_dir, ignore_errors=True)
+    results = [json.loads(ln[len(RESULT_TAG):]) for ln in lines if ln.startswith(RESULT_TAG)]
+    if p.returncode != 0 or len(results) != workers:
+        raise RuntimeError(f"stack calibration ({spec_text}) failed (exit {p.returncode}):\n"
+                           + "\n".join(lines[-12:]))
+    w0 = max(r["w0"] for r in results)
+    w1 = min(r["w1"] for r in results)
+    if not samples or samples[0][0] > w0 or samples[-1][0] < w1:
+        raise RuntimeError("stack calibration: the CPU samples do not cover the measured steps")
+
+    def role_cpu(role):
+        return (_interp(samples, w1, lambda s: s[1].get(role, 0.0))
+                - _interp(samples, w0, lambda s: s[1].get(role, 0.0)))
+    span = w1 - w0
+    per = span / steps                    # the window of the overlapping steps, per step
+    wcpu = sum(r["cpu"] / (r["w1"] - r["w0"]) for r in results) * per
+    server = role_cpu("server") / steps
+    other = (role_cpu("scheduler") + role_cpu("other")) / steps
+    busy = (_interp(samples, w1, lambda s: s[2]) - _interp(samples, w0, lambda s: s[2])) / steps
+    if log:
+        log(f"stack {spec.label}: {per * 1e3:.1f} ms/step, CPU per step workers "
+            f"{wcpu * 1e3:.1f} ms, server {server * 1e3:.1f} ms, other {other * 1e3:.1f} ms, "
+            f"host busy {busy * 1e3:.1f} ms; payload {workers * (up + down) / 1e6:.1f} MB/step")
+    return StackCost(spec.label, [int(n) for n in tensors], steps, per, wcpu, server, other,
+                     busy, up, down, workers)
+
+
+# The calibration the advisor uses (advise.measure_costs; `--calibrate`): two uncompressed runs
+# (large and small partitions) price the stack per byte and per partition; one run per compressor
+# prices what its real code costs beyond the advisor's own per-element figures (NumPy stand-ins
+# for BytePS's compressors, the THC codec timed alone, F16C sums...).
+SMALL_TENSORS = (16000,) * 200         # 64000 bytes each: below BYTEPS_MIN_COMPRESS_BYTES
+CALIBRATED = ("fp16", "thc", "onebit+ef", "topk-0.01+ef", "randomk-0.01+ef", "dithering-8")
+
+
+def calibrate(micro, steps: int = 20, log=None) -> Dict[str, float]:
+    """The advisor's stack costs (advise.STACK_KEYS) measured with real calibration clusters:
+    two uncompressed runs (DEFAULT_TENSORS, SMALL_TENSORS), then one run per CALIBRATED
+    compressor on DEFAULT_TENSORS. `micro`: the advisor's per-element costs (advise.HostCosts),
+    measured with the codec this BytePS build runs; see derive()."""
+    big = measure("none", DEFAULT_TENSORS, steps, log=log)
+    small = measure("none", SMALL_TENSORS, steps, log=log)
+    runs = [measure(text, DEFAULT_TENSORS, steps, log=log) for text in CALIBRATED]
+    return derive(big, small, runs, micro)
+
+
+def derive(big: StackCost, small: StackCost, runs: Sequence[StackCost], micro) -> Dict[str, float]:
+    """What the advisor does not price yet, from calibration runs (n workers each):
+
+      stack_byte_w  one worker's CPU seconds per payload byte it sends or receives
+      stack_byte_s  the server's CPU seconds per payload byte through it
+      stack_part_w  one worker's CPU seconds per partition it push_pulls (queues, messages)
+      stack_part_s  the server's CPU seconds per partition push it serves
+      <c>_xw, <c>_xs  per compressed element: one worker's, and the server's per push, CPU
+                    beyond the per-element costs in `micro` and the stack (c: the compressor of
+                    each run in `runs`)
+
+    Per role, the two uncompressed runs (large and small partitions) give two equations
+    cpu - micro = bytes * per_byte + partitions * per_partition; each compressor's run then
+    leaves cpu - micro - stack, per compressed element. A compressor's extra may be negative
+    (its real code is cheaper than the advisor's stand-in for it)."""
+    from . import advise
+    out: Dict[str, float] = {}
+    for role in ("w", "s"):
+        rows = []
+        for run in (big, small):
+            n = run.workers
+            parts = advise.partitions(run.tensors)
+            elems = sum(e for e, _ in parts)
+            if role == "w":   # one worker: its two copies; its own bytes and partitions
+                cpu = run.worker_cpu_s / n - 2 * micro["copy"] * elems
+                rows.append((run.up_bytes + run.down_bytes, len(parts), cpu))
+            else:             # the server: n pushes summed; everyone's bytes and partitions
+                cpu = run.server_cpu_s - n * micro["add_f32"] * elems
+                rows.append((run.payload_bytes, n * len(parts), cpu))
+        (b1, p1, c1), (b2, p2, c2) = rows
+        det = b1 * p2 - b2 * p1
+        if det == 0:
+            raise ValueError("the two uncompressed runs need different bytes per partition")
+        out[f"stack_byte_{role}"] = max(0.0, (c1 * p2 - c2 * p1) / det)
+        out[f"stack_part_{role}"] = max(0.0, (b1 * c2 - b2 * c1) / det)
+    for run in runs:
+        n = run.workers
+        spec = advise.parse_spec(run.compressor, n)
+        parts = advise.partitions(run.tensors)
+        elems = sum(e for e, c in parts if c)
+        mw = ms = 0.0
+        for e, c in parts:
+            w, s = advise._cpu_costs(spec, e, c, n, micro)
+            mw, ms = mw + w, ms + s
+        wstack = (run.up_bytes + run.down_bytes) * out["stack_byte_w"] + \
+            len(parts) * out["stack_part_w"]
+        sstack = run.payload_bytes * out["stack_byte_s"] + n * len(parts) * out["stack_part_s"]
+        out[f"{spec.name}_xw"] = (run.worker_cpu_s / n - mw - wstack) / elems
+        out[f"{spec.name}_xs"] = (run.server_cpu_s - ms - sstack) / (n * elems)
+    return out
+
+
+def available() -> Optional[str]:
+    """None when a calibration cluster can run here, else why not."""
+    import importlib.util
+    for mod in ("torch", "byteps.server", "byteps.torch"):   # found, not imported (it serves)
+        try:
+            if importlib.util.find_spec(mod) is None:
+                return f"{mod} is not installed" + (" (make byteps)" if "." in mod else "")
+        except ImportError as e:
+            return f"{mod}: {e}"
+    return None
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m byteps_thc.stackcost",
+                                 description=__doc__.split("\n\n")[0])
+    ap.add_argument("--compressor", default="none", help="advise syntax: none, thc, topk-0.01+ef")
+    ap.add_argument("--tensors", default=",".join(map(str, DEFAULT_TENSORS)),
+                    help="element counts of the synthetic gradients (comma-separated)")
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--calibrate", metavar="OUT",
+                    help="run the advisor's whole calibration and write a costs file (the "
+                         "format of ~/.cache/byteps_thc/advise-costs.json) to OUT")
+    ap.add_argument("--micro-costs", metavar="PATH",
+                    help="with --calibrate: the per-element costs to start from (a costs file "
+                         "measured with the codec this BytePS build runs; default: measure now)")
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    tensors = [int(x) for x in a.tensors.split(",") if x.strip()]
+    if a.worker:
+        return worker_main(tensors, a.steps, a.warmup)
+    why = available()
+    if why:
+        print(f"stackcost: cannot run: {why}", file=sys.stderr)
+        return 2
+    if a.calibrate:
+        from . import advise
+        micro = (advise.load_costs(a.micro_costs) if a.micro_costs else
+                 advise.measure_costs(stack=False))
+        extra = calibrate(micro, a.steps, log=lambda m: print(m, flush=True))
+        for k, v in extra.items():
+            print(f"  {k:14s} {v * 1e9:9.4f} ns")
+        per = {k: v for k, v in micro.per_elem.items() if k not in extra}
+        per.update(extra)
+        with open(a.calibrate, "w") as f:
+            json.dump({"host": advise._host_key(), "per_elem": per,
+                       "source": micro.source.replace(" (cached)", "")
+                       + "; stack: calibration clusters (bpslaunch --local 2, loopback)"},
+                      f, indent=1)
+        print(f"wrote {a.calibrate}")
+        return 0
+    res = measure(a.compressor, tensors, a.steps, a.warmup,
+                  log=None if a.json else (lambda m: print(m, flush=True)))
+    if a.json:
+        print(json.dumps(res.as_dict(), indent=1))
+    else:
+        print(f"CPU per payload byte: workers {res.worker_cpu_s / res.payload_bytes * 1e9:.3f} ns, "
+              f"server {res.server_cpu_s / res.payload_bytes * 1e9:.3f} ns, all processes "
+              f"{res.cluster_cpu_s / res.payload_bytes * 1e9:.3f} ns, host (/proc/stat) "
+              f"{res.host_busy_s / res.payload_bytes * 1e9:.3f} ns")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
