@@ -4,6 +4,7 @@
     codec = ThcCodec(cfg, size=d, rank=r)          # one partition of d >= 1 elements
     m = codec.norm(x)                              # local norm (residual included when EF is on)
     payload = codec.encode(x, max_norm)            # packed uint8 array; advances the step
+                                                   # (with EF it reuses norm's rotation of x)
     agg = ThcAggregator(cfg, size=d, num_workers=n)
     agg.add(payload); ...; sums = agg.result()     # integer array, lane width by n*g
     mean = codec.decode(sums, max_norm, num_workers=n)   # float32, d elements
@@ -187,7 +188,9 @@ class ThcCodec:
 
     @property
     def residual(self) -> Optional[np.ndarray]:
-        """A copy of the error-feedback residual (size floats), or None without error feedback."""
+        """A copy of the error-feedback state, or None without error feedback: the residual in
+        the rotated domain, `padded` floats (docs/ALGORITHM.md, "Error-feedback state";
+        byteps_thc.reference.unrotate_residual gives the textbook residual of `size` floats)."""
         if self._device is not None and self._device.residual is not None:
             return self._device.residual.cpu().numpy()
         return self._enc.residual
@@ -219,7 +222,11 @@ class ThcCodec:
         return dev
 
     def norm(self, x) -> float:
-        """||x + residual||_2 (binary64 accumulation); the norm round takes the max over workers."""
+        """||x + residual||_2; the norm round takes the max over workers. With error feedback
+        this rotates x (the residual is kept rotated), and the encode() of the same step and the
+        same, unchanged x quantises that rotation instead of rotating again. Do not change x
+        between the two: a change of the whole array (a new array, an in-place rescale) is seen
+        and x is rotated again, but an edit of a few elements may not be."""
         dev = self._on_device(x, "x")
         if dev is not None:
             return dev.norm(x)

@@ -128,46 +128,64 @@ def unpack(payload: np.ndarray, bits: int, n: int) -> np.ndarray:
 
 
 # -- the codec -----------------------------------------------------------------------------------
-def _padded_input(cfg, grad, residual, geo):
+def _padded_input(grad, geo):
     x = np.zeros(geo.padded, dtype=F32)
     x[: geo.d] = np.asarray(grad, dtype=F32)
-    if residual is not None:
-        x[: geo.d] = x[: geo.d] + np.asarray(residual, dtype=F32)
-    return x
-
-
-def norm(grad, residual=None) -> float:
-    x = np.asarray(grad, dtype=F32)
-    if residual is not None:
-        x = x + np.asarray(residual, dtype=F32)
     if not np.all(np.isfinite(x)):
         raise ValueError("gradient contains NaN or Inf")
-    return math.sqrt(float(np.dot(x.astype(np.float64), x.astype(np.float64))))
+    return x
 
 
 _OVERFLOW = ("the Hadamard rotation overflowed float32 (Inf from finite values near FLT_MAX, or a "
              "max_norm so large that the error-feedback scale is Inf)")
 
 
-def encode(cfg: ThcConfig, grad, max_norm: float, rank: int, step: int, residual=None):
-    """One worker's encode. Returns (payload uint8, new residual or None, indices uint8)."""
+def rotate(cfg: ThcConfig, grad, residual=None) -> np.ndarray:
+    """Encode steps 1-2: y = Hu(sign * x) per block, plus the rotated residual r (error feedback)."""
     grad = np.asarray(grad)
     geo = geometry(cfg, grad.size)
-    x = _padded_input(cfg, grad, residual, geo)
-    if not np.all(np.isfinite(x)):
-        raise ValueError("gradient contains NaN or Inf")
-    if not math.isfinite(max_norm) or max_norm < 0:
-        raise ValueError(f"max_norm={max_norm!r} must be finite and >= 0")
-    ef = residual is not None
-    if max_norm == 0:
-        q = np.zeros(geo.padded, dtype=np.uint8)
-        return pack(q, cfg.bits), (x[: geo.d].copy() if ef else None), q
-    g, T, B, dp = cfg.granularity, cfg.clip, geo.block, geo.padded
-    neg = sign_bits(cfg.seed, dp)
+    x = _padded_input(grad, geo)
     with np.errstate(over="ignore", invalid="ignore"):
-        y = fwht(apply_signs(x, neg), B)
+        y = fwht(apply_signs(x, sign_bits(cfg.seed, geo.padded)), geo.block)
+        if residual is not None:
+            r = np.asarray(residual, dtype=F32)
+            if r.size != geo.padded:
+                raise ValueError(f"residual of {r.size} floats; expected d_pad = {geo.padded}")
+            y = y + r
     if not np.all(np.isfinite(y)):
         raise ValueError(_OVERFLOW)
+    return y
+
+
+def norm(grad, residual=None, cfg: ThcConfig = None) -> float:
+    """The local norm: ||grad|| without error feedback; with it (residual = the rotated state r,
+    cfg required) sqrt(sum(y^2) / B) = ||grad + textbook residual||."""
+    if residual is None:
+        x = np.asarray(grad, dtype=F32)
+        if not np.all(np.isfinite(x)):
+            raise ValueError("gradient contains NaN or Inf")
+        return math.sqrt(float(np.dot(x.astype(np.float64), x.astype(np.float64))))
+    if cfg is None:
+        raise ValueError("norm with a residual needs cfg (the residual is kept rotated)")
+    y = rotate(cfg, grad, residual).astype(np.float64)
+    return math.sqrt(float(np.dot(y, y)) / geometry(cfg, np.asarray(grad).size).block)
+
+
+def encode(cfg: ThcConfig, grad, max_norm: float, rank: int, step: int, residual=None):
+    """One worker's encode. `residual`: the rotated error-feedback state r (d_pad floats; zeros at
+    the start), or None without error feedback. Returns (payload uint8, new state or None,
+    indices uint8)."""
+    grad = np.asarray(grad)
+    geo = geometry(cfg, grad.size)
+    if not math.isfinite(max_norm) or max_norm < 0:
+        _padded_input(grad, geo)  # a NaN gradient is reported as such first
+        raise ValueError(f"max_norm={max_norm!r} must be finite and >= 0")
+    ef = residual is not None
+    y = rotate(cfg, grad, residual)
+    if max_norm == 0:
+        q = np.zeros(geo.padded, dtype=np.uint8)
+        return pack(q, cfg.bits), (y.copy() if ef else None), q
+    g, T, B, dp = cfg.granularity, cfg.clip, geo.block, geo.padded
     c1 = F32(g / (2.0 * T) * math.sqrt(dp) / max_norm / math.sqrt(B))
     c0 = F32(g / 2.0)
     t = y * c1 + c0
@@ -182,12 +200,22 @@ def encode(cfg: ThcConfig, grad, max_norm: float, rank: int, step: int, residual
         with np.errstate(over="ignore", invalid="ignore"):  # Inf here is caught just below
             k1 = F32(2.0 * T / g * max_norm / math.sqrt(dp) * math.sqrt(B))
             k0 = F32(-T * max_norm / math.sqrt(dp) * math.sqrt(B))
-            e = y - (tbl[q].astype(F32) * k1 + k0)
-            w = fwht(e, B)
-        if not np.all(np.isfinite(w)):
+            new_res = y - (tbl[q].astype(F32) * k1 + k0)
+        if not np.all(np.isfinite(new_res)):
             raise ValueError(_OVERFLOW)
-        new_res = apply_signs(w * F32(1.0 / B), neg)[: geo.d].copy()
     return pack(q, cfg.bits), new_res, q
+
+
+def initial_residual(cfg: ThcConfig, d: int) -> np.ndarray:
+    """The error-feedback state before the first step: d_pad zeros."""
+    return np.zeros(geometry(cfg, d).padded, dtype=F32)
+
+
+def unrotate_residual(cfg: ThcConfig, residual, d: int) -> np.ndarray:
+    """The textbook residual sign * Hu(r) / B (first d floats) of a rotated state r."""
+    geo = geometry(cfg, d)
+    w = fwht(np.asarray(residual, dtype=F32), geo.block) * F32(1.0 / geo.block)
+    return apply_signs(w, sign_bits(cfg.seed, geo.padded))[:d].copy()
 
 
 def aggregate(cfg: ThcConfig, payloads, d: int, num_workers: int) -> np.ndarray:
@@ -226,7 +254,7 @@ def simulate_round(cfg: ThcConfig, grads, rank_offset: int = 0, step: int = 0, r
     """
     n = len(grads)
     res = residuals if residuals is not None else [None] * n
-    m = max(norm(gr, r) for gr, r in zip(grads, res))
+    m = max(norm(gr, r, cfg) for gr, r in zip(grads, res))
     out = [encode(cfg, gr, m, rank_offset + i, step, r) for i, (gr, r) in enumerate(zip(grads, res))]
     sums = aggregate(cfg, [o[0] for o in out], len(grads[0]), n)
     return decode(cfg, sums, len(grads[0]), n, m), [o[1] for o in out]

@@ -122,8 +122,10 @@ class PyEncoder {
       py::gil_scoped_release nogil;
       st = enc_->Norm(a.data(), &n);
     }
-    if (st == thc::Status::kNonFinite)
-      Fail(ef_ ? "x + residual contains NaN or Inf" : "x contains NaN or Inf");
+    if (st == thc::Status::kNonFinite) Fail("x contains NaN or Inf");
+    if (st == thc::Status::kOverflow)
+      Fail("the Hadamard rotation of x + residual overflowed float32 (Inf from finite values "
+           "near FLT_MAX = 3.4e38)");
     return n;
   }
   py::array_t<uint8_t> Encode(const py::handle& x, double max_norm, const py::handle& out_obj) {
@@ -138,9 +140,7 @@ class PyEncoder {
       py::gil_scoped_release nogil;
       st = enc_->Encode(a.data(), max_norm, out.mutable_data());
     }
-    if (st == thc::Status::kNonFinite)
-      Fail(ef_ ? "x + residual contains NaN or Inf; nothing was changed"
-               : "x contains NaN or Inf; nothing was changed");
+    if (st == thc::Status::kNonFinite) Fail("x contains NaN or Inf; nothing was changed");
     if (st == thc::Status::kOverflow)
       Fail(std::string("the Hadamard rotation of ") + (ef_ ? "x + residual" : "x") +
            " overflowed float32 (Inf from finite values near FLT_MAX = 3.4e38, or a max_norm "
@@ -151,8 +151,8 @@ class PyEncoder {
   py::object Residual() const {
     const float* r = enc_->residual();
     if (!r) return py::none();
-    py::array_t<float> out(enc_->geometry().d);
-    std::memcpy(out.mutable_data(), r, enc_->geometry().d * sizeof(float));
+    py::array_t<float> out(enc_->geometry().padded);  // rotated: padded floats
+    std::memcpy(out.mutable_data(), r, enc_->geometry().padded * sizeof(float));
     return std::move(out);
   }
   thc::Encoder& core() { return *enc_; }

@@ -16,7 +16,8 @@ namespace {
 #define THC_KERNEL_TABLE(ns)                                                          \
   Kernels {                                                                           \
     #ns, ns::Fwht, ns::LoadSigned, ns::Quantize, ns::Pack, ns::SumSquares, ns::LoadSums, \
-        ns::ScaleSigned, ns::EncodeChunk, ns::DecodeChunk, ns::AddIndices             \
+        ns::ScaleSigned, ns::EncodeChunk, ns::RotateChunk, ns::AllFinite,              \
+        ns::DecodeChunk, ns::AddIndices                                                \
   }
 
 const Kernels kPortable = THC_KERNEL_TABLE(portable);

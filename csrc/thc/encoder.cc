@@ -2,8 +2,13 @@
 //
 // The partition is walked in chunks of whole blocks (kChunk elements, or one block when blocks
 // are larger), so that each chunk is read from the gradient once and then stays in cache through
-// sign, transform, quantize, pack and the error-feedback transform. The new residual goes to a
-// second buffer that replaces the old one only when the whole call succeeded.
+// sign, transform, residual add, quantize, pack and the new residual. The residual is kept in the
+// rotated domain (docs/ALGORITHM.md, "Error-feedback state"): one transform per step.
+//
+// With error feedback the norm needs the transform (y = Hu(sign * grad) + r), so Norm() keeps y
+// in `scratch` and the Encode() of the same step and gradient quantises it instead of rotating
+// again. Every new residual is written to `scratch`, which replaces `res` only when the whole
+// call succeeded.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -23,7 +28,20 @@ struct Encoder::Impl {
   uint64_t step = 0;
   uint32_t sign_key = 0;
   size_t chunk = 0;
-  detail::AlignedArray<float> res, res_next;  // d floats each (error feedback only)
+  detail::AlignedArray<float> res;      // the rotated residual r, padded floats (EF only)
+  detail::AlignedArray<float> scratch;  // y of Norm(), then the new residual (EF only)
+  // What Norm() left in scratch: valid for the Encode() of step `prep_step` of the gradient at
+  // `prep_grad` whose values at `probe_at` are still `probe` (a cheap guard against a caller
+  // that changed the gradient in between; a changed gradient fails it almost surely).
+  static constexpr int kProbes = 16;
+  bool prepared = false;
+  uint64_t prep_step = 0;
+  const float* prep_grad = nullptr;
+  size_t probe_at[kProbes] = {};
+  uint32_t probe[kProbes] = {};
+  bool Probe(const float* grad, bool save);
+  // y for the whole partition into scratch (sum of y^2 into *sumsq): a Status.
+  Status Rotate(const float* grad, double* sumsq);
   detail::AlignedArray<float> work;           // chunk floats
   detail::AlignedArray<uint8_t> idx;          // chunk indices
   std::vector<int32_t> lvl, tbl;
@@ -43,9 +61,10 @@ Encoder::Encoder(const Config& cfg, size_t d, uint32_t rank, bool error_feedback
   m.work.resize(m.chunk);
   m.idx.resize(m.chunk);
   if (m.ef) {
-    m.res.resize(d);
-    m.res_next.resize(d);
+    m.res.resize(m.geo.padded);
+    m.scratch.resize(m.geo.padded);
   }
+  for (int i = 0; i < Impl::kProbes; ++i) m.probe_at[i] = (size_t)((2 * i + 1) * d / (2 * Impl::kProbes));
   const int levels = 1 << cfg.bits;
   const uint32_t g = cfg.granularity;
   m.tbl.assign(cfg.table.begin(), cfg.table.end());
@@ -71,37 +90,85 @@ Encoder::~Encoder() { delete impl_; }
 
 const Geometry& Encoder::geometry() const { return impl_->geo; }
 uint64_t Encoder::step() const { return impl_->step; }
-void Encoder::set_step(uint64_t step) { impl_->step = step; }
+void Encoder::set_step(uint64_t step) {
+  impl_->step = step;
+  impl_->prepared = false;
+}
 const float* Encoder::residual() const { return impl_->ef ? impl_->res.data() : nullptr; }
 void Encoder::ResetResidual() {
   if (impl_->ef) std::fill(impl_->res.data(), impl_->res.data() + impl_->res.size(), 0.0f);
+  impl_->prepared = false;
 }
 
-Status Encoder::Norm(const float* grad, double* norm) const {
-  const Impl& m = *impl_;
+bool Encoder::Impl::Probe(const float* grad, bool save) {
+  bool same = true;
+  for (int i = 0; i < kProbes; ++i) {
+    uint32_t v;
+    std::memcpy(&v, grad + probe_at[i], 4);
+    if (save) probe[i] = v;
+    same &= (v == probe[i]);
+  }
+  return same;
+}
+
+Status Encoder::Impl::Rotate(const float* grad, double* sumsq) {
+  const detail::Kernels& k = detail::ActiveKernels();
   double s = 0;
-  if (!detail::ActiveKernels().sum_squares(grad, m.ef ? m.res.data() : nullptr, m.geo.d, &s))
-    return Status::kNonFinite;
-  *norm = std::sqrt(s);
+  for (size_t j0 = 0; j0 < geo.padded; j0 += chunk) {
+    const size_t n = std::min(chunk, geo.padded - j0);
+    const size_t nvalid = j0 < geo.d ? std::min(n, geo.d - j0) : 0;
+    double part = 0;
+    const int st = k.rotate_chunk(nvalid ? grad + j0 : nullptr, res.data() + j0, nvalid, n, j0,
+                                  geo.block, sign_key, scratch.data() + j0, &part);
+    if (st == detail::kChunkNonFinite) return Status::kNonFinite;
+    if (st == detail::kChunkOverflow) return Status::kOverflow;
+    s += part;
+  }
+  *sumsq = s;
+  return Status::kOk;
+}
+
+Status Encoder::Norm(const float* grad, double* norm) {
+  Impl& m = *impl_;
+  m.prepared = false;
+  double s = 0;
+  if (!m.ef) {
+    if (!detail::ActiveKernels().sum_squares(grad, nullptr, m.geo.d, &s)) return Status::kNonFinite;
+    *norm = std::sqrt(s);
+    return Status::kOk;
+  }
+  const Status st = m.Rotate(grad, &s);
+  if (st != Status::kOk) return st;
+  *norm = std::sqrt(s / (double)m.geo.block);
+  m.prepared = true;
+  m.prep_step = m.step;
+  m.prep_grad = grad;
+  m.Probe(grad, true);
   return Status::kOk;
 }
 
 Status Encoder::Encode(const float* grad, double max_norm, uint8_t* payload) {
   Impl& m = *impl_;
   const detail::Kernels& k = detail::ActiveKernels();
+  const bool prepared =
+      m.prepared && m.prep_step == m.step && m.prep_grad == grad && m.Probe(grad, false);
+  m.prepared = false;  // scratch is rewritten below, whatever happens
   if (!std::isfinite(max_norm)) return Status::kNonFinite;
   if (max_norm < 0) return Status::kBadArgument;
   const Geometry& geo = m.geo;
-  const float* res = m.ef ? m.res.data() : nullptr;
 
-  if (max_norm == 0) {  // every index 0; the residual becomes x
-    for (size_t i = 0; i < geo.d; ++i) {
-      const float x = res ? grad[i] + res[i] : grad[i];
-      if (!std::isfinite(x)) return Status::kNonFinite;
-      if (m.ef) m.res_next.data()[i] = x;
+  if (max_norm == 0) {  // every index 0; the residual becomes y
+    double s;
+    if (m.ef) {
+      if (!prepared) {
+        const Status st = m.Rotate(grad, &s);
+        if (st != Status::kOk) return st;
+      }
+      m.res.swap(m.scratch);
+    } else if (!k.sum_squares(grad, nullptr, geo.d, &s)) {
+      return Status::kNonFinite;
     }
     std::memset(payload, 0, geo.payload_bytes);
-    if (m.ef) m.res.swap(m.res_next);
     ++m.step;
     return Status::kOk;
   }
@@ -127,26 +194,27 @@ Status Encoder::Encode(const float* grad, double max_norm, uint8_t* payload) {
     m.efr[i] = r + qp.k0;
   }
   qp.efr = m.efr.data();
-  qp.efr_absmax = 0;
-  if (m.ef)
-    for (int i = 0; i < qp.levels; ++i) {
-      const double a = std::fabs((double)m.efr[i]);
-      qp.efr_absmax = std::isfinite(a) ? std::max(qp.efr_absmax, a) : HUGE_VAL;
-    }
-  const float inv_block = (float)(1.0 / (double)geo.block);
 
   const size_t bits = (size_t)m.cfg.bits;
   for (size_t j0 = 0; j0 < geo.padded; j0 += m.chunk) {
     const size_t n = std::min(m.chunk, geo.padded - j0);
-    const size_t nvalid = j0 < geo.d ? std::min(n, geo.d - j0) : 0;
-    const int st = k.encode_chunk(
-        nvalid ? grad + j0 : nullptr, res && nvalid ? res + j0 : nullptr, nvalid, n, j0,
-        geo.block, m.sign_key, qp, m.work.data(), m.idx.data(), payload + j0 * bits / 8,
-        m.ef && nvalid ? m.res_next.data() + j0 : nullptr, inv_block);
+    uint8_t* out = payload + j0 * bits / 8;
+    int st;
+    if (prepared) {  // y is in scratch: quantise it there (it becomes the new residual)
+      float* y = m.scratch.data() + j0;
+      k.quantize(y, n, j0, qp, m.idx.data());
+      k.pack(m.idx.data(), n, (int)bits, out);
+      st = k.all_finite(y, n) ? detail::kChunkOk : detail::kChunkOverflow;
+    } else {
+      const size_t nvalid = j0 < geo.d ? std::min(n, geo.d - j0) : 0;
+      st = k.encode_chunk(nvalid ? grad + j0 : nullptr, m.ef ? m.res.data() + j0 : nullptr,
+                          nvalid, n, j0, geo.block, m.sign_key, qp, m.work.data(), m.idx.data(),
+                          out, m.ef ? m.scratch.data() + j0 : nullptr);
+    }
     if (st == detail::kChunkNonFinite) return Status::kNonFinite;
     if (st == detail::kChunkOverflow) return Status::kOverflow;
   }
-  if (m.ef) m.res.swap(m.res_next);
+  if (m.ef) m.res.swap(m.scratch);
   ++m.step;
   return Status::kOk;
 }

@@ -72,14 +72,13 @@ struct QuantParams {
   // Derived tables the vector kernels use instead (same bits, fewer operations):
   const float* ig24 = nullptr;   // ig[i] * 2^24 (exact): u < p  <=>  float(h >> 8) < p * 2^24
   const float* efr = nullptr;    // float(TBL[i]) * k1 + k0 (binary32, in that order), per level
-  double efr_absmax = 0;         // max |efr[i]| (Inf if one is not finite); 0 without EF
 };
 
 // What encode_chunk returns.
 enum ChunkStatus : int {
   kChunkOk = 0,
-  kChunkNonFinite = 1,  // some grad + res is NaN/Inf
-  kChunkOverflow = 2,   // a transform output (y, or the error's transform) is NaN/Inf
+  kChunkNonFinite = 1,  // some grad is NaN/Inf
+  kChunkOverflow = 2,   // some y (transform + residual) or new residual is NaN/Inf
 };
 
 // One instruction set's kernels. All pointers are plain functions without state.
@@ -104,14 +103,20 @@ struct Kernels {
   void (*scale_signed)(const float* w, size_t n, uint64_t j0, uint32_t sign_key, float scale,
                        float* out);
   // The whole encode (steps 1-7) of one chunk of n elements (whole blocks; elements
-  // j0 .. j0+n-1, j0 a multiple of 32; nvalid of them real, the rest padding): grad, res
-  // (null: no add), payload and res_out (null: no error feedback; p.ef says the same) start at
-  // the chunk; work holds n floats, idx n bytes. A ChunkStatus; on an error nothing of res_out
-  // is promised.
+  // j0 .. j0+n-1, j0 a multiple of 32; nvalid of them real, the rest padding): grad, res (the
+  // rotated residual r, n floats; null: no error feedback), payload and res_out (the new r, n
+  // floats; null iff res is null; p.ef says the same) start at the chunk; work holds n floats,
+  // idx n bytes. A ChunkStatus; on an error nothing of res_out is promised.
   int (*encode_chunk)(const float* grad, const float* res, size_t nvalid, size_t n,
                        uint64_t j0, size_t block, uint32_t sign_key, const QuantParams& p,
-                       float* work, uint8_t* idx, uint8_t* payload, float* res_out,
-                       float res_scale);
+                       float* work, uint8_t* idx, uint8_t* payload, float* res_out);
+  // Encode steps 1-2 of one chunk (the norm's half of a step with error feedback):
+  // y = Hu(sign * grad) + res (n floats each, starting at the chunk); *sumsq = sum of y^2 in
+  // binary64. A ChunkStatus.
+  int (*rotate_chunk)(const float* grad, const float* res, size_t nvalid, size_t n, uint64_t j0,
+                      size_t block, uint32_t sign_key, float* y, double* sumsq);
+  // Whether every v[0, n) is finite.
+  bool (*all_finite)(const float* v, size_t n);
   // The whole decode of one chunk: sums (lanes of lane_bits) and out start at the chunk; out
   // gets nvalid floats; work holds n floats.
   void (*decode_chunk)(const void* sums, int lane_bits, size_t nvalid, size_t n, uint64_t j0,
@@ -141,7 +146,10 @@ const Kernels& ActiveKernels();
                   int lane_bits, void* sums);                                                 \
   int EncodeChunk(const float* grad, const float* res, size_t nvalid, size_t n, uint64_t j0,  \
                    size_t block, uint32_t sign_key, const QuantParams& p, float* work,        \
-                   uint8_t* idx, uint8_t* payload, float* res_out, float res_scale);          \
+                   uint8_t* idx, uint8_t* payload, float* res_out);                           \
+  int RotateChunk(const float* grad, const float* res, size_t nvalid, size_t n, uint64_t j0,  \
+                  size_t block, uint32_t sign_key, float* y, double* sumsq);                  \
+  bool AllFinite(const float* v, size_t n);                                                   \
   void DecodeChunk(const void* sums, int lane_bits, size_t nvalid, size_t n, uint64_t j0,     \
                    size_t block, uint32_t sign_key, float m1, float m0, float* work,          \
                    float* out);                                                               \

@@ -357,23 +357,59 @@ void Pack(const uint8_t* idx, size_t n, int bits, uint8_t* out) {
   PackScalar(idx + i, n - i, bits, out + o);
 }
 
-bool SumSquares(const float* grad, const float* res, size_t n, double* out) {
-  vdh a0 = vdh{}, a1 = vdh{}, a2 = vdh{}, a3 = vdh{};
+namespace {
+
+// Sum of x^2 over x = grad + res (res may be null), and whether every x is finite; with kStore,
+// x is also written to store. Runs of 16 vectors are summed in binary32 (16 squares a lane:
+// relative error below 2^-20) and the runs in binary64; a run whose binary32 sum is not finite
+// (squares above FLT_MAX, or a NaN/Inf input) is summed again in binary64. Converting every
+// square to binary64 instead costs three times as much.
+template <bool kStore>
+bool SumSquaresT(const float* grad, const float* res, size_t n, double* out, float* store) {
+  constexpr size_t kRun = 16 * W;
+  vdh d0 = vdh{}, d1 = vdh{};
   vu bad = vu{};
   size_t i = 0;
-  for (; i + 2 * W <= n; i += 2 * W) {
-    vf x0 = LoadF(grad + i), x1 = LoadF(grad + i + W);
-    if (res) { x0 = x0 + LoadF(res + i); x1 = x1 + LoadF(res + i + W); }
-    bad |= NonFiniteMask(x0) | NonFiniteMask(x1);
-    AddSquares(x0, &a0, &a1);
-    AddSquares(x1, &a2, &a3);
+  for (; i + kRun <= n; i += kRun) {
+    vf f0 = vf{}, f1 = vf{}, f2 = vf{}, f3 = vf{};
+    for (size_t k = i; k < i + kRun; k += 4 * W) {
+      vf x0 = LoadF(grad + k), x1 = LoadF(grad + k + W);
+      vf x2 = LoadF(grad + k + 2 * W), x3 = LoadF(grad + k + 3 * W);
+      if (res) {
+        x0 = x0 + LoadF(res + k); x1 = x1 + LoadF(res + k + W);
+        x2 = x2 + LoadF(res + k + 2 * W); x3 = x3 + LoadF(res + k + 3 * W);
+      }
+      if constexpr (kStore) {
+        StoreF(store + k, x0); StoreF(store + k + W, x1);
+        StoreF(store + k + 2 * W, x2); StoreF(store + k + 3 * W, x3);
+      }
+      f0 = f0 + x0 * x0; f1 = f1 + x1 * x1; f2 = f2 + x2 * x2; f3 = f3 + x3 * x3;
+    }
+    const vf f = (f0 + f1) + (f2 + f3);
+    const vu fbad = NonFiniteMask(f);
+    bool run_ok = true;
+    for (int l = 0; l < W; ++l) run_ok &= (fbad[l] == 0);
+    if (run_ok) {
+      vdh lo, hi;
+      Widen(f, &lo, &hi);
+      d0 = d0 + lo;
+      d1 = d1 + hi;
+    } else {
+      for (size_t k = i; k < i + kRun; k += W) {
+        vf x = LoadF(grad + k);
+        if (res) x = x + LoadF(res + k);
+        bad |= NonFiniteMask(x);
+        AddSquares(x, &d0, &d1);
+      }
+    }
   }
   bool ok = true;
   for (int l = 0; l < W; ++l) ok &= (bad[l] == 0);
   double s = 0;
-  for (int l = 0; l < W / 2; ++l) s += (a0[l] + a1[l]) + (a2[l] + a3[l]);
+  for (int l = 0; l < W / 2; ++l) s += d0[l] + d1[l];
   for (; i < n; ++i) {
     const float x = res ? grad[i] + res[i] : grad[i];
+    if constexpr (kStore) store[i] = x;
     ok &= IsFinite(x);
     s += (double)x * (double)x;
   }
@@ -381,27 +417,27 @@ bool SumSquares(const float* grad, const float* res, size_t n, double* out) {
   return ok;
 }
 
+}  // namespace
+
+bool SumSquares(const float* grad, const float* res, size_t n, double* out) {
+  return SumSquaresT<false>(grad, res, n, out, nullptr);
+}
+
 namespace {
 
 // ---- the fused encode pipeline ----
 
-// Source of the first transform: sign * (grad + res), and the running maximum of |x| as bits
-// (an unsigned compare orders non-negative floats; >= 0x7F800000 is a NaN or Inf), which is
-// both the non-finite check and the bound that rules out overflow in the transforms.
-template <bool kRes>
+// Source of the transform: sign * grad, and the running maximum of |grad| as bits (an unsigned
+// compare orders non-negative floats; >= 0x7F800000 is a NaN or Inf), which is both the
+// non-finite check and, without error feedback, the bound that rules out overflow.
 struct SignedSource {
   const float* grad;
-  const float* res;
   const uint32_t* signs;  // the chunk's sign words
   vu* amax_out;
   vu amax;
   inline vf operator()(size_t i) {
-    if ((i & 15) == 0) {  // one prefetch per cache line and stream
-      PrefetchRead(grad + i + kPrefetch);
-      if constexpr (kRes) PrefetchRead(res + i + kPrefetch);
-    }
-    vf x = LoadF(grad + i);
-    if constexpr (kRes) x = x + LoadF(res + i);
+    if ((i & 15) == 0) PrefetchRead(grad + i + kPrefetch);  // one prefetch per cache line
+    const vf x = LoadF(grad + i);
     const vu a = AsU(x) & 0x7FFFFFFFu;
     amax = a > amax ? a : amax;
     return FlipSigns(x, signs, i);
@@ -409,13 +445,14 @@ struct SignedSource {
   void Flush() { *amax_out = *amax_out > amax ? *amax_out : amax; }
 };
 
-// Sink of the first transform: quantise y (steps 4-5), write the indices (packed when bits is 4
-// and W is 16, else bytes for Pack), and with error feedback store the error e with the second
-// transform's in-vector stages already done (each vector's own butterflies come first).
+// Sink of the transform: with error feedback add the rotated residual (step 2), quantise y
+// (steps 4-5), write the indices (packed when bits is 4 and W is 16, else bytes for Pack), and
+// with error feedback store the new residual e = y - level value (step 7).
 template <bool kEf, class Lut>
 struct QuantizeSink {
   QuantizeBody<kEf, Lut> body;
-  float* w;
+  const float* res;  // the chunk's residual in (kEf)
+  float* res_out;    // the chunk's residual out (kEf)
   uint64_t j0;
   uint32_t key;
   bool pack4;
@@ -424,8 +461,15 @@ struct QuantizeSink {
   inline void operator()(size_t i, vf y) {
     const uint32_t j = (uint32_t)(j0 + i);
     vf e;
+    if constexpr (kEf) {
+      if ((i & 15) == 0) {
+        PrefetchRead(res + i + kPrefetch);
+        PrefetchWrite(res_out + i + kPrefetch);
+      }
+      y = y + LoadF(res + i);
+    }
     const vi q = body(y, BroadcastU(j ^ HashMix(key, j)) ^ Iota(), &e);
-    if constexpr (kEf) StoreF(w + i, AllInVector(e));
+    if constexpr (kEf) StoreF(res_out + i, e);
 #if THC_W == 16
     if (pack4) {  // 16 indices of 4 bits: lane pairs into one byte, 8 bytes
       const __m512i qq = (__m512i)q;
@@ -440,18 +484,64 @@ struct QuantizeSink {
   }
 };
 
-// Sink of the second transform: res_out = sign * (w * scale).
-struct ResidualSink {
-  float* out;
-  const uint32_t* signs;
-  vf scale;
+// Whether float32 Hu of blocks of B values of magnitude <= xm provably stays finite: every
+// partial sum of a stage is at most the sum of the magnitudes, B * xm, times at most
+// (1 + 2^-24) per stage of rounding (<= 32 stages; 2^-16 covers it with room).
+inline bool TransformCannotOverflow(double xm, double block) {
+  return block * xm * (1.0 + 0x1p-16) < 3.4028234663852886e38;
+}
+
+constexpr int kChunkCheck = -1;  // EncodePipeline: the bound failed; redo the chunk with checks
+
+template <bool kEf, class Lut>
+int EncodePipeline(const float* grad, const float* res, size_t n, uint64_t j0, size_t block,
+                    uint32_t sign_key, const QuantParams& p, const Lut& lut, float* work,
+                    uint8_t* idx, uint8_t* payload, float* res_out) {
+  const QuantizeBody<kEf, Lut> body(p, lut);
+  const bool pack4 = W == 16 && p.levels == 16;
+  const uint32_t* signs = ChunkSignWords(sign_key, j0, n);
+  vu amax = vu{};
+  SignedSource src{grad, signs, &amax, vu{}};
+  QuantizeSink<kEf, Lut> quant{body, res, res_out, j0, p.round_key, pack4, payload, idx};
+  for (size_t b = 0; b < n; b += block) BlockTo<true>(work, b, block, src, quant);
+  if (!pack4) Pack(idx, n, (int)__builtin_ctz((unsigned)p.levels), payload);
+  uint32_t m = 0;
+  for (int l = 0; l < W; ++l) m = amax[l] > m ? amax[l] : m;
+  if (m >= 0x7F800000u) return kChunkNonFinite;
+  // With error feedback every y went into a residual value (e = y - level value keeps a NaN or
+  // an Inf), so one look at the new residual, still in cache, covers steps 2 and 7.
+  if constexpr (kEf) return AllFinite(res_out, n) ? kChunkOk : kChunkOverflow;
+  float xm;
+  std::memcpy(&xm, &m, 4);
+  return TransformCannotOverflow(xm, (double)block) ? kChunkOk : kChunkCheck;
+}
+
+template <class Lut>
+int EncodePipelineLut(const float* grad, const float* res, size_t n, uint64_t j0, size_t block,
+                       uint32_t sign_key, const QuantParams& p, const Lut& lut, float* work,
+                       uint8_t* idx, uint8_t* payload, float* res_out) {
+  if (res_out)
+    return EncodePipeline<true>(grad, res, n, j0, block, sign_key, p, lut, work, idx, payload,
+                                res_out);
+  return EncodePipeline<false>(grad, res, n, j0, block, sign_key, p, lut, work, idx, payload,
+                               res_out);
+}
+
+// Sink of the rotation: y + res into y.
+struct RotateSink {
+  float* y;
+  const float* res;
   inline void operator()(size_t i, vf v) const {
-    if ((i & 15) == 0) PrefetchWrite(out + i + kPrefetch);
-    StoreF(out + i, FlipSigns(v * scale, signs, i));
+    if (res) {
+      if ((i & 15) == 0) PrefetchRead(res + i + kPrefetch);
+      v = v + LoadF(res + i);
+    }
+    StoreF(y + i, v);
   }
 };
 
-// Whether every v[0, n) is finite.
+}  // namespace
+
 bool AllFinite(const float* v, size_t n) {
   vu bad = vu{};
   size_t i = 0;
@@ -462,104 +552,62 @@ bool AllFinite(const float* v, size_t n) {
   return ok;
 }
 
-// The residual of elements [0, n) without the pipeline (the decoder's ScaleSigned).
-void ScaleSignedRes(const float* w, size_t n, uint64_t j0, uint32_t key, float scale,
-                    float* out) {
-  const vf sc = BroadcastF(scale);
-  size_t i = 0;
-  for (; i + W <= n; i += W)
-    StoreF(out + i, AsF(AsU(LoadF(w + i) * sc) ^ SignBitsV(key, j0 + i)));
-  for (; i < n; ++i) out[i] = FlipSign(w[i] * scale, SignBit(key, j0 + i));
-}
-
-// Whether float32 Hu of blocks of B values of magnitude <= xm (then, with error feedback, Hu of
-// the errors y - efr[q]) provably stays finite: every partial sum of a stage is at most the sum
-// of the magnitudes, B * xm (and B * (B * xm + efr_absmax) for the second transform), times at
-// most (1 + 2^-24) per stage of rounding (<= 32 stages; 2^-16 covers it with room).
-inline bool TransformsCannotOverflow(double xm, double block, double efr_absmax, bool ef) {
-  const double grow = 1.0 + 0x1p-16, fmax = 3.4028234663852886e38;
-  const double y = block * xm * grow;
-  if (!(y < fmax)) return false;
-  return !ef || block * (y + efr_absmax) * grow * grow < fmax;
-}
-
-constexpr int kChunkCheck = -1;  // EncodePipeline: the bound failed; redo the chunk with checks
-
-template <bool kEf, bool kRes, class Lut>
-int EncodePipeline(const float* grad, const float* res, size_t n, uint64_t j0, size_t block,
-                    uint32_t sign_key, const QuantParams& p, const Lut& lut, float* work,
-                    uint8_t* idx, uint8_t* payload, float* res_out, float res_scale) {
-  const QuantizeBody<kEf, Lut> body(p, lut);
-  const bool pack4 = W == 16 && p.levels == 16;
-  const uint32_t* signs = ChunkSignWords(sign_key, j0, n);
-  vu amax = vu{};
-  SignedSource<kRes> src{grad, res, signs, &amax, vu{}};
-  QuantizeSink<kEf, Lut> quant{body, work, j0, p.round_key, pack4, payload, idx};
-  ResidualSink resid{res_out, signs, BroadcastF(res_scale)};
-  LoadFrom again{work};
-  for (size_t b = 0; b < n; b += block) {
-    BlockTo<true>(work, b, block, src, quant);
-    if constexpr (kEf) BlockTo<false>(work, b, block, again, resid);
-  }
-  if (!pack4) Pack(idx, n, (int)__builtin_ctz((unsigned)p.levels), payload);
-  uint32_t m = 0;
-  for (int l = 0; l < W; ++l) m = amax[l] > m ? amax[l] : m;
-  if (m >= 0x7F800000u) return kChunkNonFinite;
-  float xm;
-  std::memcpy(&xm, &m, 4);
-  return TransformsCannotOverflow(xm, (double)block, p.efr_absmax, kEf) ? kChunkOk : kChunkCheck;
-}
-
-template <class Lut>
-int EncodePipelineLut(const float* grad, const float* res, size_t n, uint64_t j0, size_t block,
-                       uint32_t sign_key, const QuantParams& p, const Lut& lut, float* work,
-                       uint8_t* idx, uint8_t* payload, float* res_out, float res_scale) {
-  if (res_out) {
-    if (res)
-      return EncodePipeline<true, true>(grad, res, n, j0, block, sign_key, p, lut, work, idx,
-                                        payload, res_out, res_scale);
-    return EncodePipeline<true, false>(grad, res, n, j0, block, sign_key, p, lut, work, idx,
-                                       payload, res_out, res_scale);
-  }
-  if (res)
-    return EncodePipeline<false, true>(grad, res, n, j0, block, sign_key, p, lut, work, idx,
-                                       payload, res_out, res_scale);
-  return EncodePipeline<false, false>(grad, res, n, j0, block, sign_key, p, lut, work, idx,
-                                      payload, res_out, res_scale);
-}
-
-}  // namespace
-
 int EncodeChunk(const float* grad, const float* res, size_t nvalid, size_t n, uint64_t j0,
                 size_t block, uint32_t sign_key, const QuantParams& p, float* work, uint8_t* idx,
-                uint8_t* payload, float* res_out, float res_scale) {
+                uint8_t* payload, float* res_out) {
   const int bits = (int)__builtin_ctz((unsigned)p.levels);
 #if THC_W >= 8
   if (nvalid == n && block >= kMinPipelineBlock && (res_out != nullptr) == p.ef) {
     const int st =
         p.lvl && p.levels <= 16 && p.tbl[p.levels - 1] < 32
             ? EncodePipelineLut(grad, res, n, j0, block, sign_key, p, PermLut(p), work, idx,
-                                payload, res_out, res_scale)
+                                payload, res_out)
             : EncodePipelineLut(grad, res, n, j0, block, sign_key, p, GatherLut(p), work, idx,
-                                payload, res_out, res_scale);
+                                payload, res_out);
     if (st != kChunkCheck) return st;
-    // Inputs near FLT_MAX (or an Inf error scale): redo the chunk below, checking each
-    // transform's output (the pipeline does not keep them).
+    // Inputs near FLT_MAX: redo the chunk below, checking the transform's output (the pipeline
+    // does not keep it).
   }
 #endif
   // One kernel after another (small blocks, the partition's last chunk, the portable build, and
-  // chunks the overflow bound did not clear), checking what the transforms produce.
-  if (!LoadSigned(nvalid ? grad : nullptr, res, nvalid, n, j0, sign_key, work))
+  // chunks the overflow bound did not clear), checking what the transform produces. With error
+  // feedback the work is res_out itself: y, then e in place.
+  float* y = res_out ? res_out : work;
+  if (!LoadSigned(nvalid ? grad : nullptr, nullptr, nvalid, n, j0, sign_key, y))
     return kChunkNonFinite;
-  for (size_t b = 0; b < n; b += block) BlockFwht(work + b, block);
-  if (!AllFinite(work, n)) return kChunkOverflow;
-  Quantize(work, n, j0, p, idx);
-  Pack(idx, n, bits, payload);
-  if (res_out && nvalid) {
-    for (size_t b = 0; b < n; b += block) BlockFwht(work + b, block);
-    if (!AllFinite(work, n)) return kChunkOverflow;
-    ScaleSignedRes(work, nvalid, j0, sign_key, res_scale, res_out);
+  for (size_t b = 0; b < n; b += block) BlockFwht(y + b, block);
+  if (res) {
+    size_t i = 0;
+    for (; i + W <= n; i += W) StoreF(y + i, LoadF(y + i) + LoadF(res + i));
+    for (; i < n; ++i) y[i] = y[i] + res[i];
   }
+  if (!AllFinite(y, n)) return kChunkOverflow;
+  Quantize(y, n, j0, p, idx);
+  Pack(idx, n, bits, payload);
+  if (res_out && !AllFinite(res_out, n)) return kChunkOverflow;
+  return kChunkOk;
+}
+
+int RotateChunk(const float* grad, const float* res, size_t nvalid, size_t n, uint64_t j0,
+                size_t block, uint32_t sign_key, float* y, double* sumsq) {
+#if THC_W >= 8
+  if (nvalid == n && block >= kMinPipelineBlock) {
+    vu amax = vu{};
+    SignedSource src{grad, ChunkSignWords(sign_key, j0, n), &amax, vu{}};
+    RotateSink sink{y, res};
+    for (size_t b = 0; b < n; b += block) BlockTo<true>(y, b, block, src, sink);
+    uint32_t m = 0;
+    for (int l = 0; l < W; ++l) m = amax[l] > m ? amax[l] : m;
+    if (m >= 0x7F800000u) return kChunkNonFinite;
+    // The squares (and the finite check) in a second pass over the chunk, still in cache:
+    // cheaper than carrying binary64 accumulators through the transform's sink.
+    return SumSquaresT<false>(y, nullptr, n, sumsq, nullptr) ? kChunkOk : kChunkOverflow;
+  }
+#endif
+  if (!LoadSigned(nvalid ? grad : nullptr, nullptr, nvalid, n, j0, sign_key, y))
+    return kChunkNonFinite;
+  for (size_t b = 0; b < n; b += block) BlockFwht(y + b, block);
+  if (!SumSquaresT<true>(y, res, n, sumsq, y)) return kChunkOverflow;
   return kChunkOk;
 }
 

@@ -48,19 +48,24 @@ inline vf BroadcastF(float x) {
 }
 inline vu BroadcastU(uint32_t x) { return vu{} + x; }
 
-// acc0 += (double)x[lo half]^2, acc1 += (double)x[hi half]^2 (each square exact in binary64).
+// x's low and high halves, each widened to binary64 (exact).
 typedef double vdh __attribute__((vector_size(THC_W * 4)));  // W/2 doubles
-inline void AddSquares(vf x, vdh* acc0, vdh* acc1) {
+inline void Widen(vf x, vdh* lo, vdh* hi) {
 #if THC_W == 16
-  const vdh lo = (vdh)_mm512_cvtps_pd(_mm512_castps512_ps256((__m512)x));
-  const vdh hi = (vdh)_mm512_cvtps_pd(_mm512_extractf32x8_ps((__m512)x, 1));
+  *lo = (vdh)_mm512_cvtps_pd(_mm512_castps512_ps256((__m512)x));
+  *hi = (vdh)_mm512_cvtps_pd(_mm512_extractf32x8_ps((__m512)x, 1));
 #elif THC_W == 8
-  const vdh lo = (vdh)_mm256_cvtps_pd(_mm256_castps256_ps128((__m256)x));
-  const vdh hi = (vdh)_mm256_cvtps_pd(_mm256_extractf128_ps((__m256)x, 1));
+  *lo = (vdh)_mm256_cvtps_pd(_mm256_castps256_ps128((__m256)x));
+  *hi = (vdh)_mm256_cvtps_pd(_mm256_extractf128_ps((__m256)x, 1));
 #else
-  vdh lo, hi;
-  for (int l = 0; l < W / 2; ++l) { lo[l] = x[l]; hi[l] = x[l + W / 2]; }
+  for (int l = 0; l < W / 2; ++l) { (*lo)[l] = x[l]; (*hi)[l] = x[l + W / 2]; }
 #endif
+}
+
+// acc0 += (double)x[lo half]^2, acc1 += (double)x[hi half]^2 (each square exact in binary64).
+inline void AddSquares(vf x, vdh* acc0, vdh* acc1) {
+  vdh lo, hi;
+  Widen(x, &lo, &hi);
   *acc0 = *acc0 + lo * lo;
   *acc1 = *acc1 + hi * hi;
 }

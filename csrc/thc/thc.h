@@ -63,15 +63,20 @@ class Encoder {
   Encoder& operator=(const Encoder&) = delete;
 
   const Geometry& geometry() const;
-  // ||grad + residual||_2. kNonFinite if any element is NaN/Inf.
-  Status Norm(const float* grad, double* norm) const;
+  // The local norm (docs/ALGORITHM.md, "Norm"): ||grad||_2, with error feedback ||grad + the
+  // residual||_2, which rotates the gradient; the Encode() of the same step and gradient then
+  // reuses that rotation. kNonFinite for a NaN/Inf element, kOverflow when the rotation
+  // overflows float32. Changes nothing but that cached rotation.
+  Status Norm(const float* grad, double* norm);
   // Writes geometry().payload_bytes bytes. kNonFinite for a NaN/Inf input, kOverflow when the
-  // transforms produce one (docs/ALGORITHM.md, Encode). On any error nothing changes (step,
-  // residual); the payload may be partly written.
+  // rotation or the new residual produces one (docs/ALGORITHM.md, Encode). On any error nothing
+  // changes (step, residual); the payload may be partly written.
   Status Encode(const float* grad, double max_norm, uint8_t* payload);
   uint64_t step() const;
   void set_step(uint64_t step);
-  const float* residual() const;  // d floats, or nullptr without error feedback
+  // The rotated residual r (docs/ALGORITHM.md, "Error-feedback state"): geometry().padded
+  // floats, or nullptr without error feedback.
+  const float* residual() const;
   void ResetResidual();
 
  private:

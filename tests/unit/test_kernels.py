@@ -147,10 +147,10 @@ def test_encode_bit_exact_every_isa(d, bits, block, ef):
     xs = _inputs(d, steps, seed=d * 7 + bits)
     # The reference's sequence, once.
     expect = []
-    res = np.zeros(d, dtype=np.float32) if ef else None
+    res = R.initial_residual(cfg, d) if ef else None
     norms = []
     for step, x in enumerate(xs):
-        m = R.norm(x, res)
+        m = R.norm(x, res, cfg)
         norms.append(m)
         payload, res, _ = R.encode(cfg, x, m * 0.8, rank, step, res)  # 0.8: some clipping
         expect.append((payload, None if res is None else res.copy()))
@@ -178,10 +178,10 @@ def test_encode_other_tables(isa, bits, g):
     cfg = ThcConfig(bits=bits, granularity=g, rotation_block=256)
     d = 5000
     x = np.random.default_rng(g).standard_normal(d).astype(np.float32)
-    res = np.zeros(d, dtype=np.float32)
+    res = R.initial_residual(cfg, d)
     enc = _C.Encoder(core(cfg), d, 1, True)
     for step in range(2):
-        m = R.norm(x, res)
+        m = R.norm(x, res, cfg)
         want, res, _ = R.encode(cfg, x, m, 1, step, res)
         assert np.array_equal(enc.encode(x, m), want)
         assert np.array_equal(bits_of(enc.residual), bits_of(res))
@@ -201,12 +201,45 @@ def test_encode_large_granularity_binary_search(isa):
     d = 3000
     x = np.random.default_rng(3).standard_normal(d).astype(np.float32)
     enc = _C.Encoder(c, d, 2, True)
-    res = np.zeros(d, dtype=np.float32)
+    res = np.zeros(512 * 6, dtype=np.float32)  # d_pad: 3000 padded to blocks of 512
     for step in range(2):
-        m = R.norm(x, res)
+        m = R.norm(x, res, cfg)
         want, res, _ = R.encode(cfg, x, m, 2, step, res)
         assert np.array_equal(enc.encode(x, m), want)
         assert np.array_equal(bits_of(enc.residual), bits_of(res))
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("block", [None, 1024, 64])
+def test_encode_reuses_the_norms_rotation_only_for_that_gradient(isa, block):
+    """With error feedback norm(x) rotates x and encode(x) of the same step quantises that
+    rotation. Encode of another array, of the same array changed in place, of another step, or
+    after a failed encode rotates again: every payload and state equals the reference's."""
+    assert _C.force_isa(isa)
+    cfg = ThcConfig(rotation_block=block)
+    d = 5000
+    rng = np.random.default_rng(4)
+    enc = _C.Encoder(core(cfg), d, 2, True)
+    res = R.initial_residual(cfg, d)
+    x = rng.standard_normal(d).astype(np.float32)
+    cases = ["same", "other array", "changed in place", "stale step", "after a failure"]
+    for step, case in enumerate(cases):
+        m = enc.norm(x)
+        assert m == pytest.approx(R.norm(x, res, cfg), rel=1e-6)
+        if case == "other array":
+            x = rng.standard_normal(d).astype(np.float32)
+        elif case == "changed in place":
+            x *= np.float32(0.5)
+        elif case == "stale step":
+            enc.step = step  # the same value: still a new call of set_step, the cache is dropped
+        elif case == "after a failure":
+            bad = x.copy()
+            bad[7] = np.nan
+            with pytest.raises(ValueError, match="NaN or Inf"):
+                enc.encode(bad, m)
+        want, res, _ = R.encode(cfg, x, m, 2, step, res)
+        assert np.array_equal(enc.encode(x, m), want), case
+        assert np.array_equal(bits_of(enc.residual), bits_of(res)), case
 
 
 @pytest.mark.parametrize("isa", ISAS)
@@ -216,10 +249,11 @@ def test_encode_zero_norm(isa):
     x = np.random.default_rng(0).standard_normal(100).astype(np.float32)
     enc = _C.Encoder(core(cfg), 100, 0, True)
     p = enc.encode(x, 0.0)
-    assert p.size == 64 and not p.any()
-    assert np.array_equal(enc.residual, x) and enc.step == 1
-    want, want_res, _ = R.encode(cfg, x, 0.0, 0, 0, np.zeros(100, np.float32))
-    assert np.array_equal(p, want) and np.array_equal(want_res, enc.residual)
+    assert p.size == 64 and not p.any() and enc.step == 1
+    # The state becomes y, the rotated x: the textbook residual x, unrotated.
+    assert np.allclose(R.unrotate_residual(cfg, enc.residual, 100), x, atol=1e-6)
+    want, want_res, _ = R.encode(cfg, x, 0.0, 0, 0, R.initial_residual(cfg, 100))
+    assert np.array_equal(p, want) and np.array_equal(bits_of(want_res), bits_of(enc.residual))
 
 
 @pytest.mark.parametrize("isa", ISAS)
@@ -268,6 +302,12 @@ def test_encode_overflow_inside_the_transform(isa, ef, block, pos):
     with pytest.raises(ValueError, match="rotation of .* overflowed float32.*nothing was changed"):
         enc.encode(big, 1e30)
     assert enc.step == step
+    if ef:  # the norm rotates too, and says so
+        with pytest.raises(ValueError, match="rotation of x \\+ residual overflowed float32"):
+            enc.norm(big)
+        with pytest.raises(ValueError, match="overflowed float32"):
+            R.norm(big, res, cfg)
+        assert enc.step == step
     if ef:
         assert np.array_equal(bits_of(enc.residual), bits_of(res))
     # A max_norm so large that the error's scale k1 is Inf: only error feedback uses it.
@@ -288,12 +328,12 @@ def test_encode_near_overflow_bound_still_bit_exact(isa, ef, block):
     d = 3000
     x = np.random.default_rng(1).standard_normal(d).astype(np.float32)
     x[5] = 3.4e38 / 63  # B * max|x| > FLT_MAX for B >= 64; the first transform's sums stay finite
-    res = np.zeros(d, np.float32) if ef else None
-    m = R.norm(x, res)
+    res = R.initial_residual(cfg, d) if ef else None
+    m = R.norm(x, res, cfg)
     enc = _C.Encoder(core(cfg), d, 3, ef)
     try:
         want, want_res, _ = R.encode(cfg, x, m, 3, 0, res)
-    except ValueError:  # the error's transform (B * e) may overflow: then both say so
+    except ValueError:  # the new residual (y - level value) may overflow: then both say so
         assert ef
         with pytest.raises(ValueError, match="overflowed float32"):
             enc.encode(x, m)
@@ -459,7 +499,7 @@ def test_round_matches_reference_simulation(isa):
     d, n = 10000, 4
     rng = np.random.default_rng(11)
     grads = [rng.standard_normal(d).astype(np.float32) for _ in range(n)]
-    want, _ = R.simulate_round(cfg, grads, residuals=[np.zeros(d, np.float32)] * n)
+    want, _ = R.simulate_round(cfg, grads, residuals=[R.initial_residual(cfg, d)] * n)
     encs = [_C.Encoder(core(cfg), d, r, True) for r in range(n)]
     m = max(e.norm(g) for e, g in zip(encs, grads))
     agg = _C.Aggregator(core(cfg), d, n)

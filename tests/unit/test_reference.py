@@ -132,16 +132,44 @@ def test_homomorphism():
 def test_error_feedback_carries_the_error():
     cfg = ThcConfig()
     x = np.random.default_rng(4).standard_normal(500).astype(np.float32)
-    m = R.norm(x)
-    p, res, _ = R.encode(cfg, x, m, 0, 0, np.zeros_like(x))
+    res = R.initial_residual(cfg, 500)
+    m = R.norm(x, res, cfg)
+    assert m == pytest.approx(R.norm(x), rel=1e-6)  # a zero state adds nothing
+    p, res, _ = R.encode(cfg, x, m, 0, 0, res)
     own = R.decode(cfg, R.aggregate(cfg, [p], 500, 1), 500, 1, m)
-    np.testing.assert_allclose(own + res, x, atol=1e-5)
+    np.testing.assert_allclose(own + R.unrotate_residual(cfg, res, 500), x, atol=1e-5)
+
+
+@pytest.mark.parametrize("block", [None, 64])
+def test_error_feedback_telescopes_over_steps(block):
+    """What error feedback promises: after T steps, everything sent plus the state equals
+    everything given, sum_t decode(own_t) + residual_T = sum_t x_t (the rotated state unrotated;
+    padding included: d = 1000 is not a multiple of the block); and the norm with a state is
+    ||x + textbook residual||, the residual of the padding coordinates included."""
+    cfg = ThcConfig(rotation_block=block)
+    d, steps = 1000, 6
+    rng = np.random.default_rng(8)
+    res = R.initial_residual(cfg, d)
+    sent = np.zeros(d, np.float64)
+    given = np.zeros(d, np.float64)
+    for step in range(steps):
+        x = rng.standard_normal(d).astype(np.float32)
+        m = R.norm(x, res, cfg)
+        dp = R.geometry(cfg, d).padded
+        textbook = np.pad(x, (0, dp - d)).astype(np.float64) + R.unrotate_residual(cfg, res, dp)
+        assert m == pytest.approx(float(np.linalg.norm(textbook)), rel=1e-5)
+        p, res, _ = R.encode(cfg, x, m * 0.7, 0, step, res)  # 0.7: some clipping
+        sent += R.decode(cfg, R.aggregate(cfg, [p], d, 1), d, 1, m * 0.7)
+        given += x
+    left = R.unrotate_residual(cfg, res, d)
+    np.testing.assert_allclose(sent + left, given, atol=2e-4)
+    assert np.abs(left).max() > 0.01  # the state holds something: the check is not vacuous
 
 
 def test_zero_norm_and_bad_input():
     cfg = ThcConfig()
     x = np.zeros(10, np.float32)
-    p, res, q = R.encode(cfg, x, 0.0, 0, 0, np.zeros(10, np.float32))
+    p, res, q = R.encode(cfg, x, 0.0, 0, 0, R.initial_residual(cfg, 10))
     assert not q.any() and not res.any()
     assert not R.decode(cfg, R.aggregate(cfg, [p], 10, 1), 10, 1, 0.0).any()
     with pytest.raises(ValueError, match="NaN or Inf"):

@@ -75,12 +75,13 @@ void StartNormRound(std::shared_ptr<TensorTableEntry> task) {
   char* data = static_cast<char*>(task->cpubuff) + task->offset;
   compressor::tensor_t grad(data, task->len, task->tensor->dtype());
   double norm = 0;
-  if (!thc->LocalNorm(grad, &norm)) {
+  err = thc->LocalNorm(grad, &norm);
+  if (!err.empty()) {
     BPS_LOG(FATAL) << "THC: tensor '" << task->tensor_name << "' (key " << task->key
                    << ", bytes " << task->offset << ".." << task->offset + task->len
-                   << ") has a non-finite gradient (NaN or Inf) on this worker (rank "
-                   << BytePSGlobal::GetRank() << "); THC cannot encode it. Lower the learning "
-                   << "rate, use loss scaling with a finite check, or clip gradients.";
+                   << ") on this worker (rank " << BytePSGlobal::GetRank() << "): " << err
+                   << ". THC cannot encode it: lower the learning rate, use loss scaling with a "
+                   << "finite check, or clip gradients.";
   }
   *thc->norm_push() = tw::NormPush{thc->fingerprint(), norm};
 

@@ -121,10 +121,31 @@ const float* ThcCompressor::AsFloat(tensor_t grad) {
   return scratch_.data();
 }
 
-bool ThcCompressor::LocalNorm(tensor_t grad, double* norm) {
+// What a failed thc::Encoder call means, and what to do about it.
+static std::string StatusMessage(thc::Status st, double max_norm) {
+  switch (st) {
+    case thc::Status::kOverflow:
+      return "a value of the rotated gradient overflowed float32 (gradient entries near FLT_MAX, "
+             "or the max norm " + std::to_string(max_norm) +
+             " is too large); scale the loss down or clip gradients";
+    case thc::Status::kNonFinite:
+      return "the gradient or the max norm " + std::to_string(max_norm) +
+             " is not finite (NaN or Inf); lower the learning rate or clip gradients";
+    default:
+      return "bad argument (status " + std::to_string(static_cast<int>(st)) + ")";
+  }
+}
+
+std::string ThcCompressor::LocalNorm(tensor_t grad, double* norm) {
   BPS_CHECK(encoder_) << "THC: LocalNorm before Bind";
   BPS_CHECK_EQ(grad.size, d_ * ElementBytes(_dtype)) << "THC key " << key_;
-  return encoder_->Norm(AsFloat(grad), norm) == thc::Status::kOk;
+  switch (encoder_->Norm(AsFloat(grad), norm)) {
+    case thc::Status::kOk: return "";
+    case thc::Status::kNonFinite: return "non-finite gradient (NaN or Inf)";
+    case thc::Status::kOverflow:
+      return "the rotated gradient overflowed float32 (entries near FLT_MAX = 3.4e38)";
+    default: return "bad argument";
+  }
 }
 
 tensor_t ThcCompressor::Compress(tensor_t grad) {
@@ -135,15 +156,7 @@ tensor_t ThcCompressor::Compress(tensor_t grad) {
   auto st = encoder_->Encode(AsFloat(grad), max_norm_,
                              reinterpret_cast<uint8_t*>(send_.data() + sizeof(h)));
   BPS_CHECK(st == thc::Status::kOk)
-      << "THC key " << key_ << ": encode failed: "
-      << (st == thc::Status::kOverflow
-              ? "a value of the rotated gradient overflowed float32 (gradient entries near "
-                "FLT_MAX, or the max norm " + std::to_string(max_norm_) +
-                    " is too large); scale the loss down or clip gradients"
-              : st == thc::Status::kNonFinite
-                    ? "the gradient or the max norm " + std::to_string(max_norm_) +
-                          " is not finite (NaN or Inf); lower the learning rate or clip gradients"
-                    : "bad argument (status " + std::to_string(static_cast<int>(st)) + ")");
+      << "THC key " << key_ << ": encode failed: " << StatusMessage(st, max_norm_);
   return {send_.data(), send_.size(), grad.dtype};
 }
 

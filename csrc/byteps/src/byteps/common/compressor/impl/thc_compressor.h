@@ -36,8 +36,9 @@ class ThcCompressor : public Compressor {
   // Returns "" or an error message. Later calls must agree.
   std::string Bind(uint64_t key, size_t bytes, uint32_t rank, const std::string& name);
   bool bound() const { return encoder_ != nullptr; }
-  // ||grad + residual||_2 of the partition; false if it is not finite.
-  bool LocalNorm(tensor_t grad, double* norm);
+  // ||grad + residual||_2 of the partition (it rotates the gradient with error feedback, and
+  // Compress() reuses that); "" or what went wrong, in words.
+  std::string LocalNorm(tensor_t grad, double* norm);
   void set_max_norm(double m) { max_norm_ = m; }
   double max_norm() const { return max_norm_; }
   uint64_t fingerprint() const { return fingerprint_; }
