@@ -251,6 +251,14 @@ def dithering_bits_per_element(levels: int) -> float:
     return rate
 
 
+def thc_padded(spec: CompressorSpec, elems: int) -> int:
+    """Coordinates THC encodes for a partition of `elems`: padded to its rotation block (the
+    partition's next power of two by default); the codec's work and bytes follow this length."""
+    block = spec.thc_config().rotation_block
+    p2 = _next_pow2(elems)
+    return p2 if not block else math.ceil(elems / min(block, p2)) * min(block, p2)
+
+
 def wire_bytes(spec: CompressorSpec, elems: int, compressed: bool, workers: int,
                dithering_rate: Optional[float] = None) -> Tuple[float, float]:
     """Payload bytes of one partition of `elems` float32 values: (one worker's push, its pull)."""
@@ -260,9 +268,7 @@ def wire_bytes(spec: CompressorSpec, elems: int, compressed: bool, workers: int,
         return 4.0 * elems, 4.0 * elems
     if spec.name == "thc":
         cfg = spec.thc_config()
-        block = cfg.rotation_block
-        pad = _next_pow2(elems) if not block else math.ceil(elems / min(block, _next_pow2(elems))) \
-            * min(block, _next_pow2(elems))
+        pad = thc_padded(spec, elems)
         up = math.ceil(pad * cfg.bits / 8)
         down = pad * cfg.lane_bits(workers) / 8
         return float(up), float(down)
@@ -627,9 +633,10 @@ def _cpu_costs(spec: CompressorSpec, elems: int, compressed: bool, n: int,
         return w + 2 * costs["cast_f16"] * elems, n * costs["add_f16"] * elems
     if not compressed or spec.name == "none":
         return w, n * costs["add_f32"] * elems
-    if spec.name == "thc":
-        return (w + (costs["thc_encode"] + costs["thc_decode"]) * elems,
-                n * costs["thc_add"] * elems)
+    if spec.name == "thc":   # the codec transforms, quantises and sums the padded partition
+        pad = thc_padded(spec, elems)
+        return (w + (costs["thc_encode"] + costs["thc_decode"]) * pad,
+                n * costs["thc_add"] * pad)
     comp = {"onebit": "onebit_c", "topk": "topk_c", "randomk": "randomk_c",
             "dithering": "dither_c"}[spec.name]
     decomp = {"onebit": "onebit_d", "dithering": "dither_d"}.get(spec.name, "sparse_d")
@@ -645,7 +652,13 @@ def _stack_extra(spec: CompressorSpec, elems: int, compressed: bool, n: int,
     stack (`<name>_xw`, `<name>_xs`; 0 without a calibration)."""
     if spec.name == "none" or (not compressed and spec.name != "fp16"):
         return 0.0, 0.0
-    return (costs.get(f"{spec.name}_xw") * elems, n * costs.get(f"{spec.name}_xs") * elems)
+    e = codec_elems(spec, elems, compressed)
+    return (costs.get(f"{spec.name}_xw") * e, n * costs.get(f"{spec.name}_xs") * e)
+
+
+def codec_elems(spec: CompressorSpec, elems: int, compressed: bool) -> int:
+    """The elements a compressor's per-element costs apply to (THC: the padded length)."""
+    return thc_padded(spec, elems) if spec.name == "thc" and compressed else elems
 
 
 def predict_one(sc: Scenario, spec: CompressorSpec, costs: HostCosts) -> Prediction:

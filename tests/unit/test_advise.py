@@ -117,7 +117,8 @@ def test_byteps_compressors_pay_server_recompression_thc_does_not():
     thc = predict_one(sc(workers=n), CompressorSpec("thc"), ONE_NS)
     onebit = predict_one(sc(workers=n), CompressorSpec("onebit"), ONE_NS)
     elems = sum(e for e, _ in advise.partitions([25 * M]))
-    assert thc.server_cpu_s == pytest.approx(n * 1e-9 * elems)                     # lookup+add
+    padded = sum(advise._next_pow2(e) for e, _ in advise.partitions([25 * M]))
+    assert thc.server_cpu_s == pytest.approx(n * 1e-9 * padded)   # lookup+add, padded lengths
     assert onebit.server_cpu_s == pytest.approx((n * 2e-9 + 1e-9) * elems)         # dec+add, enc
 
 
@@ -245,8 +246,9 @@ def _calibration_run(text, tensors, truth, micro, n=2):
         u, d = advise.wire_bytes(spec, e, c, n)
         mw, ms = advise._cpu_costs(spec, e, c, n, micro)
         up, down = up + u, down + d
-        w += mw + (truth.get(f"{spec.name}_xw", 0.0) * e if c else 0.0)
-        s += ms + (n * truth.get(f"{spec.name}_xs", 0.0) * e if c else 0.0)
+        ce = advise.codec_elems(spec, e, c)
+        w += mw + (truth.get(f"{spec.name}_xw", 0.0) * ce if c else 0.0)
+        s += ms + (n * truth.get(f"{spec.name}_xs", 0.0) * ce if c else 0.0)
     w += (up + down) * truth["stack_byte_w"] + len(parts) * truth["stack_part_w"]
     s += n * ((up + down) * truth["stack_byte_s"] + len(parts) * truth["stack_part_s"])
     return stackcost.StackCost(spec.label, list(tensors), 10, 0.1, n * w, s, 0.0, 0.0, up, down,
@@ -279,3 +281,18 @@ def test_load_costs(tmp_path):
     path.write_text(json.dumps({"per_elem": {"copy": 1e-9}}))
     with pytest.raises(ValueError, match="add_f32"):
         advise.load_costs(str(path))
+
+
+def test_thc_codec_work_follows_the_padded_partition():
+    # BERT's 768x768 matrices: 589824 coordinates, rotated and quantised as 2^20
+    spec = CompressorSpec("thc")
+    assert advise.thc_padded(spec, 589824) == 1 << 20
+    odd = predict_one(sc(tensors=[589824]), spec, ONE_NS)
+    full = predict_one(sc(tensors=[1024000]), spec, ONE_NS)   # one partition, also 2^20
+    copies = 2 * 1e-9                                   # the pipeline's copies stay per element
+    assert full.worker_cpu_s - odd.worker_cpu_s == pytest.approx(
+        copies * (1024000 - 589824), rel=1e-9)
+    assert odd.server_cpu_s == full.server_cpu_s
+    assert advise.codec_elems(spec, 589824, True) == 1 << 20
+    assert advise.codec_elems(spec, 589824, False) == 589824
+    assert advise.codec_elems(parse_spec("topk-0.01"), 589824, True) == 589824
