@@ -312,9 +312,16 @@ STACK_KEYS = (
     "stack_byte_s",  # the server's CPU per payload byte through it
     "stack_part_w",  # one worker's CPU per partition it push_pulls
     "stack_part_s",  # the server's CPU per partition push
-) + tuple(f"{c}_{r}" for c in ("fp16", "thc") + REGISTRY_COMPRESSORS for r in ("xw", "xs"))
+) + tuple(f"{c}_{r}" for c in ("fp16", "thc") + REGISTRY_COMPRESSORS for r in ("xw", "xs")) \
+  + tuple(f"{c}_{r}" for c in KNOWN for r in ("lw", "ls"))
 #   <c>_xw / <c>_xs: per compressed element, one worker's / the server's per push CPU beyond the
 #   per-element costs and the stack (the real code against its stand-in or its timing alone)
+#   <c>_lw / <c>_ls: the same per element of a tensor of at least LARGE_TENSOR_BYTES, beyond
+#   what its elements cost in partition-sized tensors
+# glibc's largest mmap threshold (DEFAULT_MMAP_THRESHOLD_MAX on 64-bit): a buffer this large is
+# mapped afresh, and its pages faulted in, every time one is allocated (the framework's fp16 cast,
+# BytePS's per-tensor buffers), where smaller ones are reused from the heap
+LARGE_TENSOR_BYTES = 32 << 20
 
 
 @dataclasses.dataclass
@@ -677,6 +684,10 @@ def predict_one(sc: Scenario, spec: CompressorSpec, costs: HostCosts) -> Predict
         up, down, wcpu, scpu = up + u, down + d, wcpu + w, scpu + s
         fill_bytes = max(fill_bytes, u + d)
         fill_cpu = max(fill_cpu, w)
+    large = sum(int(t) for t in sc.tensors if 4 * int(t) >= LARGE_TENSOR_BYTES)
+    if large:   # calibrated: what a large tensor's elements cost beyond partition-sized ones
+        wcpu = max(0.0, wcpu + costs.get(f"{spec.name}_lw") * large)
+        scpu = max(0.0, scpu + n * costs.get(f"{spec.name}_ls") * large)
     bw = sc.bandwidth_gbit * 1e9 / 8 * sc.efficiency          # bytes/s of one link
     # the server's link (spread over `servers`) carries n workers' traffic each way
     net = max(n * up, n * down) / (bw * sc.servers) + n * fill_bytes / (bw * sc.servers)

@@ -281,22 +281,28 @@ def measure(spec_text: str = "none", tensors: Sequence[int] = DEFAULT_TENSORS, s
 # for BytePS's compressors, the THC codec timed alone, F16C sums...).
 SMALL_TENSORS = (16000,) * 200         # 64000 bytes each: below BYTEPS_MIN_COMPRESS_BYTES
 CALIBRATED = ("fp16", "thc", "onebit+ef", "topk-0.01+ef", "randomk-0.01+ef", "dithering-8")
+# one tensor of 16 partitions, 64 MiB: above advise.LARGE_TENSOR_BYTES (and its fp16 cast too)
+LARGE_TENSORS = (16 * 1024000,)
 
 
-def calibrate(micro, steps: int = 20, log=None) -> Dict[str, float]:
+def calibrate(micro, steps: int = 20, log=None, codec=None) -> Dict[str, float]:
     """The advisor's stack costs (advise.STACK_KEYS) measured with real calibration clusters:
     two uncompressed runs (DEFAULT_TENSORS, SMALL_TENSORS), then one run per CALIBRATED
-    compressor on DEFAULT_TENSORS. `micro`: the advisor's per-element costs (advise.HostCosts),
-    measured with the codec this BytePS build runs; see derive()."""
+    compressor on DEFAULT_TENSORS. `micro`: the advisor's per-element costs (advise.HostCosts);
+    `codec`: THC's codec costs (thc_encode, thc_decode, thc_add) of the codec this BytePS build
+    runs (default: micro's), so that thc_xw/thc_xs hold BytePS's THC stages beyond the codec
+    whatever codec the costs they are added to were measured with. See derive()."""
     big = quiet_measure("none", DEFAULT_TENSORS, steps, log=log)
     small = quiet_measure("none", SMALL_TENSORS, steps, log=log)
     runs = [quiet_measure(text, DEFAULT_TENSORS, steps, log=log) for text in CALIBRATED]
-    return derive(big, small, runs, micro)
+    large = [quiet_measure(text, LARGE_TENSORS, max(4, steps // 2), log=log)
+             for text in ("none",) + CALIBRATED]
+    return derive(big, small, runs, micro, codec, [big] + list(runs), large)
 
 
-def quiet_measure(spec_text: str, tensors: Sequence[int], steps: int, tries: int = 3,
+def quiet_measure(spec_text: str, tensors: Sequence[int], steps: int, tries: int = 2,
                   max_foreign: float = 0.05, log=None) -> StackCost:
-    """measure(), again (up to `tries` times) while other processes took more than `max_foreign`
+    """measure(), again (up to `tries` times in all) while other processes took more than `max_foreign`
     of the host's busy time: CPU time per operation grows when a busy neighbour shares the cores
     and caches (a compiler on a 2-core host raised it by up to a third). The quietest run."""
     best = None
@@ -312,7 +318,9 @@ def quiet_measure(spec_text: str, tensors: Sequence[int], steps: int, tries: int
     return best
 
 
-def derive(big: StackCost, small: StackCost, runs: Sequence[StackCost], micro) -> Dict[str, float]:
+def derive(big: StackCost, small: StackCost, runs: Sequence[StackCost], micro,
+           codec=None, partitioned: Sequence[StackCost] = (),
+           large: Sequence[StackCost] = ()) -> Dict[str, float]:
     """What the advisor does not price yet, from calibration runs (n workers each):
 
       stack_byte_w  one worker's CPU seconds per payload byte it sends or receives
@@ -322,6 +330,8 @@ def derive(big: StackCost, small: StackCost, runs: Sequence[StackCost], micro) -
       <c>_xw, <c>_xs  per compressed element: one worker's, and the server's per push, CPU
                     beyond the per-element costs in `micro` and the stack (c: the compressor of
                     each run in `runs`)
+      <c>_lw, <c>_ls  per element of a large tensor (each run in `large`, against the run of
+                    the same compressor in `partitioned`): one worker's, the server's per push
 
     Per role, the two uncompressed runs (large and small partitions) give two equations
     cpu - micro = bytes * per_byte + partitions * per_partition; each compressor's run then
@@ -353,14 +363,27 @@ def derive(big: StackCost, small: StackCost, runs: Sequence[StackCost], micro) -
         parts = advise.partitions(run.tensors)
         elems = sum(advise.codec_elems(spec, e, c) for e, c in parts if c)
         mw = ms = 0.0
+        base = micro
+        if codec is not None and spec.name == "thc":
+            base = advise.HostCosts(dict(micro.per_elem, **{
+                k: codec[k] for k in ("thc_encode", "thc_decode", "thc_add")}), "codec")
         for e, c in parts:
-            w, s = advise._cpu_costs(spec, e, c, n, micro)
+            w, s = advise._cpu_costs(spec, e, c, n, base)
             mw, ms = mw + w, ms + s
         wstack = (run.up_bytes + run.down_bytes) * out["stack_byte_w"] + \
             len(parts) * out["stack_part_w"]
         sstack = run.payload_bytes * out["stack_byte_s"] + n * len(parts) * out["stack_part_s"]
         out[f"{spec.name}_xw"] = (run.worker_cpu_s / n - mw - wstack) / elems
         out[f"{spec.name}_xs"] = (run.server_cpu_s - ms - sstack) / (n * elems)
+    # large tensors: CPU per element of one large tensor against partition-sized tensors of the
+    # same compressor (both runs are whole partitions of the same size: nothing else differs)
+    for lr in large:
+        pr = next(r for r in partitioned if r.compressor == lr.compressor)
+        n = lr.workers
+        name = advise.parse_spec(lr.compressor, n).name
+        le, pe = sum(lr.tensors), sum(pr.tensors)
+        out[f"{name}_lw"] = (lr.worker_cpu_s / le - pr.worker_cpu_s / pe) / n
+        out[f"{name}_ls"] = (lr.server_cpu_s / le - pr.server_cpu_s / pe) / n
     return out
 
 
@@ -389,8 +412,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     help="run the advisor's whole calibration and write a costs file (the "
                          "format of ~/.cache/byteps_thc/advise-costs.json) to OUT")
     ap.add_argument("--micro-costs", metavar="PATH",
-                    help="with --calibrate: the per-element costs to start from (a costs file "
-                         "measured with the codec this BytePS build runs; default: measure now)")
+                    help="with --calibrate: the per-element costs the stack's are added to (a "
+                         "costs file; default: measured now). THC's extras are taken against "
+                         "the codec as byteps_thc._C runs it now, which must be the codec of the "
+                         "installed BytePS build")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     tensors = [int(x) for x in a.tensors.split(",") if x.strip()]
@@ -402,9 +427,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
     if a.calibrate:
         from . import advise
-        micro = (advise.load_costs(a.micro_costs) if a.micro_costs else
-                 advise.measure_costs(stack=False))
-        extra = calibrate(micro, a.steps, log=lambda m: print(m, flush=True))
+        now = advise.measure_costs(stack=False)
+        micro = advise.load_costs(a.micro_costs) if a.micro_costs else now
+        print("THC codec now (byteps_thc._C; BytePS's build should run the same): "
+              + ", ".join(f"{k} {now[k] * 1e9:.3f} ns" for k in
+                          ("thc_encode", "thc_decode", "thc_add")), flush=True)
+        extra = calibrate(micro, a.steps, log=lambda m: print(m, flush=True), codec=now)
         for k, v in extra.items():
             print(f"  {k:14s} {v * 1e9:9.4f} ns")
         per = {k: v for k, v in micro.per_elem.items() if k not in extra}

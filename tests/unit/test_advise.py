@@ -251,6 +251,9 @@ def _calibration_run(text, tensors, truth, micro, n=2):
         s += ms + (n * truth.get(f"{spec.name}_xs", 0.0) * ce if c else 0.0)
     w += (up + down) * truth["stack_byte_w"] + len(parts) * truth["stack_part_w"]
     s += n * ((up + down) * truth["stack_byte_s"] + len(parts) * truth["stack_part_s"])
+    large = sum(t for t in tensors if 4 * t >= advise.LARGE_TENSOR_BYTES)
+    w += truth.get(f"{spec.name}_lw", 0.0) * large
+    s += n * truth.get(f"{spec.name}_ls", 0.0) * large
     return stackcost.StackCost(spec.label, list(tensors), 10, 0.1, n * w, s, 0.0, 0.0, up, down,
                                n)
 
@@ -267,6 +270,14 @@ def test_stackcost_derive_recovers_the_costs_of_a_known_host():
     assert set(got) == set(truth)
     for k, v in truth.items():
         assert got[k] == pytest.approx(v, rel=1e-6), k
+    # THC's extras against the codec the stack ran (here 1 ns/coordinate slower to encode than
+    # the costs they will be added to): what the stack costs beyond that codec
+    slow = HostCosts(dict(ONE_NS.per_elem, thc_encode=6e-9), "slow codec")
+    runs = [_calibration_run("thc", big, truth, slow)]
+    got = stackcost.derive(_calibration_run("none", big, truth, ONE_NS),
+                           _calibration_run("none", small, truth, ONE_NS), runs, ONE_NS,
+                           codec=slow)
+    assert got["thc_xw"] == pytest.approx(truth["thc_xw"], rel=1e-6)
     with pytest.raises(ValueError):   # one partition size cannot separate bytes from partitions
         stackcost.derive(_calibration_run("none", big, truth, ONE_NS),
                          _calibration_run("none", big, truth, ONE_NS), [], ONE_NS)
@@ -296,3 +307,37 @@ def test_thc_codec_work_follows_the_padded_partition():
     assert advise.codec_elems(spec, 589824, True) == 1 << 20
     assert advise.codec_elems(spec, 589824, False) == 589824
     assert advise.codec_elems(parse_spec("topk-0.01"), 589824, True) == 589824
+
+
+def test_large_tensors_pay_their_calibrated_extra():
+    costs = HostCosts(dict(ONE_NS.per_elem, **dict(STACK0, fp16_lw=2e-9, fp16_ls=1e-9)), "large")
+    spec = CompressorSpec("fp16")
+    limit = advise.LARGE_TENSOR_BYTES // 4
+    below = predict_one(sc(tensors=[limit - 1]), spec, costs)
+    assert below.worker_cpu_s == pytest.approx(predict_one(sc(tensors=[limit - 1]), spec,
+                                                           ONE_NS).worker_cpu_s)
+    at = predict_one(sc(tensors=[limit]), spec, costs)
+    plain = predict_one(sc(tensors=[limit]), spec, ONE_NS)
+    assert at.worker_cpu_s - plain.worker_cpu_s == pytest.approx(2e-9 * limit, rel=1e-9)
+    assert at.server_cpu_s - plain.server_cpu_s == pytest.approx(2 * 1e-9 * limit, rel=1e-9)
+    # only the large tensor's elements, not the model's
+    mixed = predict_one(sc(tensors=[limit, 1000]), spec, costs)
+    assert mixed.worker_cpu_s - predict_one(sc(tensors=[limit, 1000]), spec, ONE_NS).worker_cpu_s \
+        == pytest.approx(2e-9 * limit, rel=1e-9)
+
+
+def test_stackcost_derive_recovers_large_tensor_costs():
+    from byteps_thc import stackcost
+    truth = dict(stack_byte_w=0.6e-9, stack_byte_s=0.3e-9, stack_part_w=1.2e-4,
+                 stack_part_s=1.5e-4, fp16_xw=-0.5e-9, fp16_xs=-2e-9, none_lw=0.5e-9,
+                 none_ls=0.1e-9, fp16_lw=1.9e-9, fp16_ls=0.2e-9)
+    big, small = list(stackcost.DEFAULT_TENSORS), list(stackcost.SMALL_TENSORS)
+    large = list(stackcost.LARGE_TENSORS)
+    assert 4 * large[0] >= advise.LARGE_TENSOR_BYTES > 4 * max(big)
+    none_big = _calibration_run("none", big, truth, ONE_NS)
+    fp16_big = _calibration_run("fp16", big, truth, ONE_NS)
+    got = stackcost.derive(none_big, _calibration_run("none", small, truth, ONE_NS), [fp16_big],
+                           ONE_NS, None, [none_big, fp16_big],
+                           [_calibration_run(t, large, truth, ONE_NS) for t in ("none", "fp16")])
+    for k, v in truth.items():
+        assert got[k] == pytest.approx(v, rel=1e-6), k
