@@ -16,10 +16,15 @@ here; it can also be used directly:
 All work is enqueued on torch's current stream of the tensor's device. The results are bit for bit
 those of docs/ALGORITHM.md (the payload equals the CPU core's; see tests/unit/test_cuda.py).
 
-Errors found on the device (NaN/Inf in the input, a non-finite max norm) are recorded in a status
-word: with check=True (the default) encode/decode read it (one 4-byte copy, which waits for the
-stream) and raise ValueError, leaving the step and residual as they were. With check=False nothing
-waits; call `status()` later (non-zero: that step's outputs were not written).
+Errors found on the device (NaN/Inf in the input, a non-finite max norm, the rotation overflowing
+float32) are recorded in a status word: with check=True (the default) encode/decode read it (one
+4-byte copy, which waits for the stream) and raise ValueError, leaving the step and residual as they
+were. With check=False nothing waits; call `status()` later (non-zero: that step failed).
+
+With error feedback the residual is kept rotated (docs/ALGORITHM.md, "Error-feedback state"): a
+float32 tensor of d_pad elements, zeros at the start, as codec.ThcCodec's. The norm then computes
+y = Hu(sign * grad) + r (a transform) and flags an overflow of y; since encode always follows a
+norm launch of the same tensor on the same status word, an overflow leaves the state untouched.
 """
 from __future__ import annotations
 
@@ -28,8 +33,10 @@ from typing import Any, Optional
 
 from .config import ThcConfig
 
-_STATUS_TEXT = {1: "the input (gradient + residual) contains NaN or Inf",
-                2: "max_norm is NaN, Inf or negative"}
+_STATUS_TEXT = {1: "gradient contains NaN or Inf",
+                2: "max_norm is NaN, Inf or negative",
+                4: "the Hadamard rotation overflowed float32 (Inf from finite values near FLT_MAX, "
+                   "or a max_norm so large that the error-feedback scale is Inf)"}
 
 
 def _kernels():
@@ -119,15 +126,18 @@ def _max_norm_args(max_norm, device):
 
 def _raise_status(value: int, what: str):
     if value:
+        if value & 1:
+            value &= ~4  # a NaN/Inf gradient makes y non-finite too: report the cause only
         text = "; ".join(t for bit, t in _STATUS_TEXT.items() if value & bit) or f"status {value}"
-        raise ValueError(f"{what}: {text}; nothing was written")
+        raise ValueError(f"{what}: {text}; the step and the residual are unchanged")
 
 
 class CudaCodec:
     """One worker's THC codec for one partition of `size` elements, on one CUDA device.
 
-    Holds the error-feedback residual (float32, on the device) and the step counter, like
-    codec.ThcCodec. Inputs: 1-D CUDA tensors of float32, float16 or bfloat16 (read as float32).
+    Holds the error-feedback residual (the rotated state: float32, d_pad elements, on the device)
+    and the step counter, like codec.ThcCodec. Inputs: 1-D CUDA tensors of float32, float16 or
+    bfloat16 (read as float32).
     """
 
     def __init__(self, cfg: ThcConfig, size: int, rank: int = 0, device=None, *,
@@ -148,7 +158,7 @@ class CudaCodec:
         _, self.block, self.padded, self.payload_bytes = k.geometry(self._code, size)
         with torch.cuda.device(self.device):
             f32 = dict(dtype=torch.float32, device=self.device)
-            self._residual = torch.zeros(size, **f32) if cfg.error_feedback else None
+            self._residual = torch.zeros(self.padded, **f32) if cfg.error_feedback else None
             ws = k.workspace_floats(self._code, size)
             # Kept for the codec's life (decode uses it too); 16-byte aligned as allocated.
             self._workspace = torch.empty(ws, **f32) if ws else None
@@ -174,7 +184,8 @@ class CudaCodec:
 
     @property
     def residual(self):
-        """The error-feedback residual (the device tensor itself), or None."""
+        """The error-feedback state (the device tensor itself: float32, d_pad elements, kept
+        rotated: docs/ALGORITHM.md), or None."""
         return self._residual
 
     def reset_residual(self) -> None:
@@ -189,14 +200,20 @@ class CudaCodec:
         return 0 if t is None else t.data_ptr()
 
     # -- the codec ---------------------------------------------------------------------------
+    def _launch_norm(self, xv, stream) -> None:
+        self._k.norm(self._code, xv.data_ptr(), _dtype_code(xv.dtype), self._ptr(self._residual),
+                     self.size, self._norm.data_ptr(), self._ptr(self._workspace),
+                     self._status.data_ptr(), stream)
+
     def norm(self, x, sync: bool = True):
-        """||x + residual||_2 accumulated in binary64. sync=True: a float, ValueError on NaN/Inf;
-        sync=False: a 0-dim float64 CUDA tensor, nothing waits (encode then skips a bad input)."""
+        """The local norm in binary64 (docs/ALGORITHM.md, "Norm"): ||x||_2, or with error
+        feedback sqrt(sum(y^2) / B) over y = Hu(sign * x) + r. sync=True: a float, ValueError on
+        NaN/Inf or overflow; sync=False: a 0-dim float64 CUDA tensor, nothing waits (encode then
+        skips a bad input)."""
         torch = _torch()
         xv = _vector(x, "x", self.size, self.device)
         with torch.cuda.device(self.device):
-            self._k.norm(xv.data_ptr(), _dtype_code(xv.dtype), self._ptr(self._residual), self.size,
-                         self._norm.data_ptr(), self._status.data_ptr(), _stream(self.device))
+            self._launch_norm(xv, _stream(self.device))
         self._norm_of = xv
         if not sync:
             return self._norm
@@ -206,8 +223,11 @@ class CudaCodec:
     def encode(self, x, max_norm, out=None, check: bool = True):
         """The packed b-bit indices: a uint8 CUDA tensor of payload_bytes (or `out`). max_norm:
         a float or a 0-dim CUDA tensor (the norm round's result, left on the device). Advances
-        the step. The input is checked for NaN/Inf by the norm launch of the same tensor, or by
-        one launched here when there was none."""
+        the step. The input is checked for NaN/Inf (and, with error feedback, y for overflow) by
+        the norm launch of the same tensor, or by one launched here when there was none (with
+        error feedback that one runs the transform too); a failed check leaves payload, residual
+        and step as they were. Without error feedback an overflow is found by the encode itself:
+        step unchanged, `out` partly written."""
         torch = _torch()
         xv = _vector(x, "x", self.size, self.device)
         m_host, m_ptr, m_keep = _max_norm_args(max_norm, self.device)
@@ -220,8 +240,7 @@ class CudaCodec:
         with torch.cuda.device(self.device):
             stream = _stream(self.device)
             if self._norm_of is None or self._norm_of.data_ptr() != xv.data_ptr():
-                self._k.norm(xv.data_ptr(), _dtype_code(xv.dtype), self._ptr(self._residual),
-                             self.size, self._norm.data_ptr(), self._status.data_ptr(), stream)
+                self._launch_norm(xv, stream)  # the input and overflow check
             self._k.encode(self._code, xv.data_ptr(), _dtype_code(xv.dtype),
                            self._ptr(self._residual), self.size, self.rank, self._step, m_host,
                            m_ptr, out.data_ptr(), self._ptr(self._workspace),

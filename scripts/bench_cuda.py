@@ -6,9 +6,11 @@ graph of repeated launches (no Python in the timed region): the norm, the encode
 aggregate of 8 payloads, the decode, and a copy of 4n bytes (dst.copy_(src)) in the same run. Each
 figure is a ratio to that copy (goal: encode <= 1.5x, decode <= 1.5x). Configurations: b=4, g=30,
 p=1/32; the rotation block whole (the default: one block per partition), 2^20 (the block of a
-default 4 MiB BytePS partition) and 4096; error feedback
-on and off (on reads and rewrites the fp32 residual: 12 bytes a coordinate against the copy's 8,
-so 1.5x is its floor).
+default 4 MiB BytePS partition) and 4096; error feedback on and off. Bytes a coordinate: encode
+with error feedback reads gradient and rotated state and rewrites the state (12.5 against the
+copy's 8, so about 1.56x is its floor; one transform, none for the error), without it 4.5; the
+norm reads 4 without error feedback (no transform), 8 with it (y = Hu(sign*grad) + r: one
+transform, so about an encode's cost).
 
     python scripts/bench_cuda.py [--sizes 20,24,27] [--json out.json]
 """
@@ -100,10 +102,9 @@ def bench_size(log_n: int, reps: int):
             payload = torch.empty(enc.payload_bytes, dtype=torch.uint8, device=dev)
             m = enc.norm(x)
             stream = lambda: torch.cuda.current_stream().cuda_stream  # noqa: E731
-            if ef:
-                row("norm", name, time_graph(lambda: k.norm(
-                    x.data_ptr(), k.FLOAT32, res_ptr, n, enc._norm.data_ptr(),
-                    enc._status.data_ptr(), stream()), reps))
+            row("norm", name, time_graph(lambda: k.norm(
+                code, x.data_ptr(), k.FLOAT32, res_ptr, n, enc._norm.data_ptr(), ws_ptr,
+                enc._status.data_ptr(), stream()), reps))
             row("encode", name, time_graph(lambda: k.encode(
                 code, x.data_ptr(), k.FLOAT32, res_ptr, n, 0, 0, m, 0, payload.data_ptr(),
                 ws_ptr, 0, stream()), reps))

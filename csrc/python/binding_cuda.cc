@@ -66,6 +66,7 @@ void RegisterCuda(py::module_& parent) {
   m.attr("BFLOAT16") = static_cast<int>(kBFloat16);
   m.attr("STATUS_NON_FINITE_INPUT") = kStatusNonFiniteInput;
   m.attr("STATUS_NON_FINITE_NORM") = kStatusNonFiniteNorm;
+  m.attr("STATUS_OVERFLOW") = kStatusOverflow;
 
   // module_local: the CPU-emulation test module binds the same C++ type in the same process.
   py::class_<Code>(m, "Code", py::module_local())
@@ -104,19 +105,22 @@ void RegisterCuda(py::module_& parent) {
 
   m.def(
       "norm",
-      [](uintptr_t grad, int dtype, uintptr_t residual, uint64_t d, uintptr_t norm,
-         uintptr_t status, uintptr_t stream) {
+      [](const Code& code, uintptr_t grad, int dtype, uintptr_t residual, uint64_t d,
+         uintptr_t norm, uintptr_t workspace, uintptr_t status, uintptr_t stream) {
         NormArgs a;
         a.grad = Ptr<const void>(grad);
         a.dtype = static_cast<DType>(dtype);
         a.residual = Ptr<const float>(residual);
         a.d = d;
         a.norm = Ptr<double>(norm);
+        a.workspace = Ptr<float>(workspace);
         a.status = Ptr<int>(status);
-        Raise(LaunchNorm(a, Stream(stream)));
+        Raise(LaunchNorm(code, a, Stream(stream)));
       },
-      py::arg("grad"), py::arg("dtype"), py::arg("residual"), py::arg("d"), py::arg("norm"),
-      py::arg("status"), py::arg("stream"));
+      py::arg("code"), py::arg("grad"), py::arg("dtype"), py::arg("residual"), py::arg("d"),
+      py::arg("norm"), py::arg("workspace"), py::arg("status"), py::arg("stream"),
+      "the local norm into *norm (binary64): ||grad||, or with the rotated state r (d_pad floats) "
+      "sqrt(sum (Hu(sign*grad) + r)^2 / B); clears *status, then flags NaN/Inf and overflow");
 
   m.def(
       "encode",

@@ -1,10 +1,13 @@
 // byteps-thc CUDA: the CPU-emulation test module (see emulate.h). tests/unit/test_cuda.py builds
-//   g++ -DTHC_CUDA_EMULATE -x c++ encode.cu decode.cu hadamard.cu launch.cu emulate.cc
+//   g++ -DTHC_CUDA_EMULATE -x c++ rotate.cu encode.cu decode.cu hadamard.cu launch.cu emulate.cc
 //       ../../python/binding_cuda.cc
 // into a module `_thc_cuda_emu` with the same functions as byteps_thc._C.cuda, whose "device
-// pointers" are host pointers. Norm and aggregate are not emulated (their launchers fail).
+// pointers" are host pointers. The norm with error feedback (tile kernels) is emulated; the norm
+// without it (norm.cu's grid-stride kernel) and aggregate are not (their launchers fail).
 #ifdef THC_CUDA_EMULATE
 #include <pybind11/pybind11.h>
+
+#include <cmath>
 
 #include "kernels.cuh"
 
@@ -13,6 +16,15 @@ namespace cuda {
 namespace detail {
 
 cudaError_t LaunchNormKernels(const NormArgs&, cudaStream_t) { return cudaErrorNotSupported; }
+cudaError_t NormBegin(double* norm, int* status, cudaStream_t) {
+  *norm = 0.0;
+  *status = 0;
+  return cudaSuccess;
+}
+cudaError_t NormEnd(double* norm, double block, cudaStream_t) {
+  *norm = std::sqrt(*norm / block);
+  return cudaSuccess;
+}
 cudaError_t LaunchAggregateKernel(const Code&, const AggregateArgs&, uint64_t, cudaStream_t) {
   return cudaErrorNotSupported;
 }

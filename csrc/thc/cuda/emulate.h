@@ -9,6 +9,7 @@
 
 #include <math.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <cstring>
@@ -45,6 +46,7 @@ struct Ctx {
   dim3 bdim, gdim;
   void* smem = nullptr;
   Barrier* barrier = nullptr;
+  std::atomic<int>* vote = nullptr;  // __syncthreads_or's flag, shared by the block
 };
 inline Ctx& Current() {
   thread_local Ctx ctx;
@@ -57,6 +59,7 @@ template <typename F>
 void Launch(unsigned grid, unsigned block, size_t smem_bytes, F kernel) {
   std::vector<float4> smem((smem_bytes + sizeof(float4) - 1) / sizeof(float4));
   Barrier barrier(static_cast<int>(block));
+  std::atomic<int> vote{0};
   std::vector<std::thread> threads;
   threads.reserve(block);
   for (unsigned t = 0; t < block; ++t) {
@@ -67,6 +70,7 @@ void Launch(unsigned grid, unsigned block, size_t smem_bytes, F kernel) {
       c.gdim = dim3(grid);
       c.smem = smem.data();
       c.barrier = &barrier;
+      c.vote = &vote;
       for (unsigned b = 0; b < grid; ++b) {
         c.bid = make_uint3(b, 0, 0);
         kernel();  // early returns are uniform over a block in these kernels
@@ -84,6 +88,22 @@ void Launch(unsigned grid, unsigned block, size_t smem_bytes, F kernel) {
 #define blockDim (thc_emu::Current().bdim)
 #define gridDim (thc_emu::Current().gdim)
 #define __syncthreads() (thc_emu::Current().barrier->Wait())
+
+namespace thc_emu {
+// Barrier, then the OR of every thread's predicate. The flag is cleared by thread 0 after all
+// have read it; the next call's first barrier orders that before any new vote.
+inline int SyncThreadsOr(int pred) {
+  Ctx& c = Current();
+  c.barrier->Wait();
+  if (pred) c.vote->store(1);
+  c.barrier->Wait();
+  const int any = c.vote->load();
+  c.barrier->Wait();
+  if (c.tid.x == 0) c.vote->store(0);
+  return any;
+}
+}  // namespace thc_emu
+#define __syncthreads_or(pred) (thc_emu::SyncThreadsOr((pred) ? 1 : 0))
 #define THC_DYNAMIC_SMEM(name) float4* name = static_cast<float4*>(thc_emu::Current().smem)
 #undef __grid_constant__
 #define __grid_constant__
@@ -104,4 +124,14 @@ inline float __uint_as_float(uint32_t u) {
   std::memcpy(&v, &u, 4);
   return v;
 }
+inline double __dadd_rn(double a, double b) { return a + b; }
+inline double __dmul_rn(double a, double b) { return a * b; }
 inline int atomicOr(int* p, int v) { return __atomic_fetch_or(p, v, __ATOMIC_SEQ_CST); }
+inline double atomicAdd(double* p, double v) {
+  double old, want;
+  __atomic_load(p, &old, __ATOMIC_SEQ_CST);
+  do {
+    want = old + v;
+  } while (!__atomic_compare_exchange(p, &old, &want, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST));
+  return old;
+}

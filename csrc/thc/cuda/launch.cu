@@ -1,11 +1,13 @@
 // byteps-thc CUDA: the host side. Checks arguments, plans the passes of one call and dispatches
 // on dtype, lane width and tile size, all in this one place; the kernel families only define
-// kernels (tile.cuh, encode.cu, decode.cu, hadamard.cu, norm.cu, aggregate.cu).
+// kernels (tile.cuh, rotate.cu, encode.cu, decode.cu, hadamard.cu, norm.cu, aggregate.cu).
 //
 // Plan of a rotation block of 2^L coordinates:
 //   L <= 14: one kernel; a tile of 2^12 (L <= 12) or 2^14 floats holds whole blocks.
 //   L >= 15: a row pass for the low 12 (or 14) bits, then column passes of at most 11 bits each,
-//            through a workspace of d_pad floats. With error feedback, e takes the same passes.
+//            through a workspace of one chunk (max(2^22, B) floats), chunk by chunk.
+// The encode and the norm with error feedback run the same passes; the rotated state r is added
+// in the last one (and rewritten there by the encode).
 #include <cmath>
 #include <string>
 #include <type_traits>
@@ -94,7 +96,6 @@ void BaseParams(const Code& code, const Geometry& g, TileParams* p) {
   p->clip = code.clip;
   p->sqrt_padded = std::sqrt(static_cast<double>(g.padded));
   p->sqrt_block = std::sqrt(static_cast<double>(g.block));
-  p->inv_block = static_cast<float>(1.0 / static_cast<double>(g.block));
   p->sign_key = detail::SignKey(code.seed);
   const int K = 1 << code.bits;
   for (int i = 0; i < 256; ++i) {
@@ -131,20 +132,21 @@ P* Advance(P* ptr, uint64_t bytes) {
   return ptr ? reinterpret_cast<P*>(reinterpret_cast<Byte*>(ptr) + bytes) : nullptr;
 }
 
-template <typename T>
-cudaError_t EncodeT(const Code& code, const Geometry& g, TileParams* p, const EncodeArgs& a,
-                    cudaStream_t stream) {
-  const bool ef = a.residual != nullptr;
+// The passes of y = Hu(sign * grad) (+ r) into destination D: the payload and the new state
+// (Dst::kQuant), or the norm's sum of squares (Dst::kNorm). p has the shared fields and
+// res_in/res_out of the whole tensor; chunks advance them.
+template <Dst D, typename T>
+cudaError_t RotateT(const Code& code, const Geometry& g, TileParams* p, const void* grad,
+                    uint8_t* payload, float* workspace, cudaStream_t stream) {
+  p->first = true;
   if (g.log_block <= code.fused_max_log) {
     const Plan plan = MakePlan(code, g);
-    p->first = true;
-    p->src = a.grad;
-    p->res_in = a.residual;
-    p->res_out = a.residual;
-    p->payload = a.payload;
-    p->ef_mode = ef ? detail::kEfInTile : detail::kEfNone;
-    return Tile<Src::kGrad, Dst::kQuant, T>(plan.pass[0], p, stream);
+    p->src = grad;
+    p->payload = payload;
+    return Tile<Src::kGrad, D, T>(plan.pass[0], p, stream);
   }
+  const float* res_in = p->res_in;
+  float* res_out = p->res_out;
   const uint64_t chunk = ChunkLen(code, g);
   for (uint64_t off = 0; off < g.padded; off += chunk) {
     Geometry gc = g;
@@ -155,28 +157,29 @@ cudaError_t EncodeT(const Code& code, const Geometry& g, TileParams* p, const En
     p->d = g.d - off < gc.padded ? g.d - off : gc.padded;
     p->payload_bytes = gc.padded * code.bits / 8;  // a multiple of 2^15 coordinates
     p->first = true;
-    p->ef_mode = detail::kEfNone;
-    p->src = Advance(a.grad, off * sizeof(T));
-    p->res_in = a.residual ? a.residual + off : nullptr;
-    p->res_out = p->res_in ? a.residual + off : nullptr;
-    p->payload = a.payload + off * code.bits / 8;
-    p->scratch = a.workspace;
+    p->src = Advance(grad, off * sizeof(T));
+    p->res_in = res_in ? res_in + off : nullptr;
+    p->res_out = res_out ? res_out + off : nullptr;
+    p->payload = payload ? payload + off * code.bits / 8 : nullptr;
+    p->scratch = workspace;
     cudaError_t err = Tile<Src::kGrad, Dst::kScratch, T>(plan.pass[0], p, stream);
-    if (err == cudaSuccess) err = MiddlePasses(plan, p, a.workspace, stream);
-    if (err != cudaSuccess) return err;
-    p->ef_mode = ef ? detail::kEfScratch : detail::kEfNone;
-    err = Tile<Src::kScratch, Dst::kQuant, float>(plan.pass[plan.n - 1], p, stream);
-    if (err != cudaSuccess) return err;
-    if (!ef) continue;
-    // The transform of e: the same passes, ending in the residual.
-    p->ef_mode = detail::kEfNone;
-    err = Tile<Src::kScratch, Dst::kScratch, float>(plan.pass[0], p, stream);
-    if (err == cudaSuccess) err = MiddlePasses(plan, p, a.workspace, stream);
-    if (err == cudaSuccess)
-      err = Tile<Src::kScratch, Dst::kResidual, float>(plan.pass[plan.n - 1], p, stream);
+    if (err == cudaSuccess) err = MiddlePasses(plan, p, workspace, stream);
+    if (err == cudaSuccess) err = Tile<Src::kScratch, D, float>(plan.pass[plan.n - 1], p, stream);
     if (err != cudaSuccess) return err;
   }
   return cudaSuccess;
+}
+
+template <Dst D>
+cudaError_t RotateDispatch(const Code& code, const Geometry& g, TileParams* p, DType dtype,
+                           const void* grad, uint8_t* payload, float* workspace,
+                           cudaStream_t stream) {
+  switch (dtype) {
+    case kFloat16: return RotateT<D, __half>(code, g, p, grad, payload, workspace, stream);
+    case kBFloat16:
+      return RotateT<D, __nv_bfloat16>(code, g, p, grad, payload, workspace, stream);
+    default: return RotateT<D, float>(code, g, p, grad, payload, workspace, stream);
+  }
 }
 
 template <typename L>
@@ -186,6 +189,7 @@ cudaError_t DecodeT(const Code& code, const Geometry& g, TileParams* p, const De
   if (g.log_block <= code.fused_max_log) {
     const Plan plan = MakePlan(code, g);
     p->first = true;
+    p->zero_at_m0 = true;
     p->src = a.sums;
     p->out = a.out;
     p->out_cast = a.out_cast;
@@ -201,6 +205,7 @@ cudaError_t DecodeT(const Code& code, const Geometry& g, TileParams* p, const De
     p->padded = gc.padded;
     p->d = g.d - off < gc.padded ? g.d - off : gc.padded;
     p->first = true;
+    p->zero_at_m0 = true;
     p->src = Advance(a.sums, off * sizeof(L));
     p->out = a.out ? a.out + off : nullptr;
     p->out_cast = Advance(a.out_cast, off * cast_size);
@@ -277,10 +282,42 @@ uint64_t WorkspaceFloats(const Code& code, uint64_t d) {
   return g.log_block <= code.fused_max_log ? 0 : ChunkLen(code, g);
 }
 
-std::string LaunchNorm(const NormArgs& a, cudaStream_t stream) {
+// The workspace check shared by the launchers that may run several passes.
+static std::string CheckWorkspace(const Code& code, const Geometry& g, const float* ws,
+                                  const char* what) {
+  const Plan plan = MakePlan(code, g);
+  if (plan.n > 1 && (reinterpret_cast<uintptr_t>(ws) & 15))
+    return "thc.cuda: the workspace must be 16-byte aligned";
+  if (plan.n > 1 && !ws)
+    return std::string("thc.cuda: ") + what + " of a block of 2^" + std::to_string(g.log_block) +
+           " needs a workspace of " + std::to_string(WorkspaceFloats(code, g.d)) + " floats";
+  return "";
+}
+
+std::string LaunchNorm(const Code& code, const NormArgs& a, cudaStream_t stream) {
   if (!a.grad || !a.norm || !a.status) return "thc.cuda: norm needs grad, norm and status";
   if (a.d < 1) return "thc.cuda: a partition needs at least one element (d=0)";
-  const cudaError_t err = detail::LaunchNormKernels(a, stream);
+  if (a.dtype != kFloat32 && a.dtype != kFloat16 && a.dtype != kBFloat16)
+    return "thc.cuda: unknown dtype " + std::to_string(a.dtype);
+  if (!a.residual) {
+    const cudaError_t err = detail::LaunchNormKernels(a, stream);
+    return err == cudaSuccess ? "" : Fail("norm launch", err);
+  }
+  // With error feedback: sqrt(sum_j y_j^2 / B), y = Hu(sign * grad) + r.
+  Geometry g;
+  std::string bad = CheckSizes(code, a.d, &g);
+  if (bad.empty()) bad = CheckWorkspace(code, g, a.workspace, "norm");
+  if (!bad.empty()) return bad;
+  TileParams p;
+  BaseParams(code, g, &p);
+  p.max_norm = 1.0;  // M plays no part here (the kernels only read it)
+  p.status_out = a.status;
+  p.res_in = a.residual;
+  p.norm_acc = a.norm;
+  cudaError_t err = detail::NormBegin(a.norm, a.status, stream);
+  if (err == cudaSuccess)
+    err = RotateDispatch<Dst::kNorm>(code, g, &p, a.dtype, a.grad, nullptr, a.workspace, stream);
+  if (err == cudaSuccess) err = detail::NormEnd(a.norm, static_cast<double>(g.block), stream);
   return err == cudaSuccess ? "" : Fail("norm launch", err);
 }
 
@@ -291,12 +328,10 @@ std::string LaunchEncode(const Code& code, const EncodeArgs& a, cudaStream_t str
   if (!a.grad || !a.payload) return "thc.cuda: encode needs grad and payload";
   if (a.rank >= (1u << 24)) return "thc.cuda: rank=" + std::to_string(a.rank) + " must be < 2^24";
   if (a.step >= (uint64_t{1} << 40)) return "thc.cuda: step must be < 2^40";
-  const Plan plan = MakePlan(code, g);
-  if (plan.n > 1 && (reinterpret_cast<uintptr_t>(a.workspace) & 15))
-    return "thc.cuda: the workspace must be 16-byte aligned";
-  if (plan.n > 1 && !a.workspace)
-    return "thc.cuda: encode of a block of 2^" + std::to_string(g.log_block) +
-           " needs a workspace of " + std::to_string(g.padded) + " floats";
+  if (a.dtype != kFloat32 && a.dtype != kFloat16 && a.dtype != kBFloat16)
+    return "thc.cuda: unknown dtype " + std::to_string(a.dtype);
+  bad = CheckWorkspace(code, g, a.workspace, "encode");
+  if (!bad.empty()) return bad;
   TileParams p;
   BaseParams(code, g, &p);
   p.round_key = detail::RoundKey(code.seed, a.rank, a.step);
@@ -304,13 +339,10 @@ std::string LaunchEncode(const Code& code, const EncodeArgs& a, cudaStream_t str
   p.max_norm = a.max_norm;
   p.status = a.status;
   p.status_out = a.status_out;
-  cudaError_t err;
-  switch (a.dtype) {
-    case kFloat16: err = EncodeT<__half>(code, g, &p, a, stream); break;
-    case kBFloat16: err = EncodeT<__nv_bfloat16>(code, g, &p, a, stream); break;
-    case kFloat32: err = EncodeT<float>(code, g, &p, a, stream); break;
-    default: return "thc.cuda: unknown dtype " + std::to_string(a.dtype);
-  }
+  p.res_in = a.residual;
+  p.res_out = a.residual;
+  const cudaError_t err = RotateDispatch<Dst::kQuant>(code, g, &p, a.dtype, a.grad, a.payload,
+                                                      a.workspace, stream);
   return err == cudaSuccess ? "" : Fail("encode launch", err);
 }
 
@@ -341,12 +373,8 @@ std::string LaunchDecode(const Code& code, const DecodeArgs& a, cudaStream_t str
            std::to_string(a.num_workers) + " workers need " + std::to_string(lanes);
   if (a.out_cast && a.out_dtype != kFloat32 && a.out_dtype != kFloat16 && a.out_dtype != kBFloat16)
     return "thc.cuda: unknown out_dtype " + std::to_string(a.out_dtype);
-  const Plan plan = MakePlan(code, g);
-  if (plan.n > 1 && (reinterpret_cast<uintptr_t>(a.workspace) & 15))
-    return "thc.cuda: the workspace must be 16-byte aligned";
-  if (plan.n > 1 && !a.workspace)
-    return "thc.cuda: decode of a block of 2^" + std::to_string(g.log_block) +
-           " needs a workspace of " + std::to_string(g.padded) + " floats";
+  bad = CheckWorkspace(code, g, a.workspace, "decode");
+  if (!bad.empty()) return bad;
   TileParams p;
   BaseParams(code, g, &p);
   p.num_workers = a.num_workers;

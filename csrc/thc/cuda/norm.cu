@@ -1,5 +1,7 @@
-// byteps-thc CUDA: the norm family (docs/ALGORITHM.md, "Norm"): ||grad + residual||_2,
-// accumulated in binary64 (any order: not bit-exact), and the non-finite flag.
+// byteps-thc CUDA: the norm family (docs/ALGORITHM.md, "Norm"). Without error feedback
+// ||grad||_2, accumulated in binary64 (any order: not bit-exact), and the non-finite flag. With
+// error feedback the norm needs y = Hu(sign * grad) + r: tile kernels (rotate.cu) accumulate the
+// sum of y^2 between NormBegin and NormEnd, both here.
 #include "common.cuh"
 #include "kernels.cuh"
 
@@ -11,14 +13,13 @@ constexpr int kNormThreads = 256;
 
 template <typename T>
 __global__ void __launch_bounds__(kNormThreads)
-    NormKernel(const T* __restrict__ grad, const float* __restrict__ res, uint64_t d,
-               double* __restrict__ acc, int* __restrict__ status) {
+    NormKernel(const T* __restrict__ grad, uint64_t d, double* __restrict__ acc,
+               int* __restrict__ status) {
   double sum = 0.0;
   bool bad = false;
   const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
   for (uint64_t j = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; j < d; j += stride) {
-    float x = ToFloat(grad[j]);
-    if (res) x = __fadd_rn(x, res[j]);
+    const float x = ToFloat(grad[j]);
     bad |= !isfinite(x);
     const double v = static_cast<double>(x);
     sum = __dadd_rn(sum, __dmul_rn(v, v));
@@ -38,18 +39,28 @@ __global__ void __launch_bounds__(kNormThreads)
   }
 }
 
-__global__ void NormFinalize(double* norm) { *norm = sqrt(*norm); }
+__global__ void NormFinalize(double* norm, double block) { *norm = sqrt(*norm / block); }
 
 template <typename T>
 cudaError_t LaunchNormT(const NormArgs& a, int blocks, cudaStream_t stream) {
-  NormKernel<T><<<blocks, kNormThreads, 0, stream>>>(static_cast<const T*>(a.grad), a.residual,
-                                                     a.d, a.norm, a.status);
+  NormKernel<T><<<blocks, kNormThreads, 0, stream>>>(static_cast<const T*>(a.grad), a.d, a.norm,
+                                                     a.status);
+  return cudaGetLastError();
+}
+
+cudaError_t NormBegin(double* norm, int* status, cudaStream_t stream) {
+  cudaError_t err = cudaMemsetAsync(status, 0, sizeof(int), stream);
+  if (err == cudaSuccess) err = cudaMemsetAsync(norm, 0, sizeof(double), stream);
+  return err;
+}
+
+cudaError_t NormEnd(double* norm, double block, cudaStream_t stream) {
+  NormFinalize<<<1, 1, 0, stream>>>(norm, block);
   return cudaGetLastError();
 }
 
 cudaError_t LaunchNormKernels(const NormArgs& a, cudaStream_t stream) {
-  cudaError_t err = cudaMemsetAsync(a.status, 0, sizeof(int), stream);
-  if (err == cudaSuccess) err = cudaMemsetAsync(a.norm, 0, sizeof(double), stream);
+  cudaError_t err = NormBegin(a.norm, a.status, stream);
   if (err != cudaSuccess) return err;
   // Enough blocks to fill any current GPU a few times over; each then loops.
   const uint64_t want = (a.d + kNormThreads * 8 - 1) / (kNormThreads * 8);
@@ -60,8 +71,7 @@ cudaError_t LaunchNormKernels(const NormArgs& a, cudaStream_t stream) {
     default: err = LaunchNormT<float>(a, blocks, stream); break;
   }
   if (err != cudaSuccess) return err;
-  NormFinalize<<<1, 1, 0, stream>>>(a.norm);
-  return cudaGetLastError();
+  return NormEnd(a.norm, 1.0, stream);
 }
 
 }  // namespace detail

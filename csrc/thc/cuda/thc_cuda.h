@@ -4,11 +4,15 @@
 // library, no host synchronisation inside (the launchers only enqueue work). The arithmetic is
 // docs/ALGORITHM.md bit for bit (built with --fmad=false; every float op is __fmul_rn/__fadd_rn).
 //
-// Errors on the device (a NaN/Inf in the gradient, a non-finite max norm) cannot be returned
-// without a sync, so they are recorded in a device status word (int32, bit flags below):
-//   LaunchNorm clears it, then sets kStatusNonFiniteInput if any x_j is not finite;
+// Errors on the device (a NaN/Inf in the gradient, a non-finite max norm, an overflow of the
+// rotation) cannot be returned without a sync, so they are recorded in a device status word
+// (int32, bit flags below):
+//   LaunchNorm clears it, then sets kStatusNonFiniteInput if some grad_j is not finite and, with
+//   error feedback (where it computes y = Hu(sign * grad) + r), kStatusOverflow if some y_j is not.
 //   LaunchEncode / LaunchDecode write nothing when the status word is non-zero on entry, or when
 //   the max norm (read on the device) is not finite (then they set kStatusNonFiniteNorm).
+//   LaunchEncode also flags what it finds itself (kStatusNonFiniteInput, kStatusOverflow); see
+//   EncodeArgs for what it has written by then.
 // The caller reads the word when it needs to know (byteps_thc/cuda.py does, once per step).
 // Launchers return an empty string, or a message for a bad argument or a CUDA launch error.
 #pragma once
@@ -24,8 +28,10 @@ namespace cuda {
 
 enum DType : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
 
-constexpr int kStatusNonFiniteInput = 1;  // some grad_j + res_j is NaN/Inf (set by LaunchNorm)
+constexpr int kStatusNonFiniteInput = 1;  // some grad_j is NaN/Inf
 constexpr int kStatusNonFiniteNorm = 2;   // the max norm is NaN/Inf or negative
+constexpr int kStatusOverflow = 4;        // some y_j or new r_j is not finite (float overflow,
+                                          // or an M so large that k1/k0 are Inf)
 
 // The code (docs/ALGORITHM.md, "Configuration"); the host copy of the table travels by value.
 struct Code {
@@ -52,25 +58,41 @@ Geometry MakeGeometry(const Code& code, uint64_t d);
 // Bits of one aggregation lane for n workers: 8, 16, 32; 0 if n*g does not fit 32 bits.
 int LaneBits(const Code& code, uint32_t num_workers);
 
-// Floats of device scratch that LaunchEncode / LaunchDecode need (0 when the rotation block fits
-// one thread block, i.e. up to 2^14; else one chunk: max(2^22, block), at most d_pad). Allocate it
-// once per partition (16-byte aligned) and reuse it; calls on one stream may share one.
+// Floats of device scratch that LaunchNorm (with error feedback) / LaunchEncode / LaunchDecode
+// need (0 when the rotation block fits one thread block, i.e. up to 2^14; else one chunk:
+// max(2^22, block), at most d_pad). Allocate it once per partition (16-byte aligned) and reuse
+// it; calls on one stream may share one.
 uint64_t WorkspaceFloats(const Code& code, uint64_t d);
 
+// The norm round's local norm (docs/ALGORITHM.md, "Norm"), accumulated in binary64 in place:
+// without error feedback sqrt(sum_{j<d} grad_j^2); with it sqrt(sum_{j<d_pad} y_j^2 / B) over
+// y = Hu(sign * grad) + r, which takes the transform (and the workspace for blocks above 2^14).
 struct NormArgs {
   const void* grad = nullptr;      // d elements of `dtype`
   DType dtype = kFloat32;
-  const float* residual = nullptr; // d floats, or null
+  const float* residual = nullptr; // the rotated state r: d_pad floats, or null
   uint64_t d = 0;
-  double* norm = nullptr;          // out: sqrt(sum x_j^2), accumulated in binary64 in place
-  int* status = nullptr;           // cleared, then kStatusNonFiniteInput if needed
+  double* norm = nullptr;          // out
+  float* workspace = nullptr;      // WorkspaceFloats() floats, with a residual (may be null if 0)
+  int* status = nullptr;           // cleared, then kStatusNonFiniteInput / kStatusOverflow
 };
-std::string LaunchNorm(const NormArgs& a, cudaStream_t stream);
+std::string LaunchNorm(const Code& code, const NormArgs& a, cudaStream_t stream);
 
+// Encode (docs/ALGORITHM.md, "Encode"): y = Hu(sign * grad) (+ r), payload, new state r = y - deq.
+// What is written when something is flagged during the call (the status word was clear on entry):
+//   a non-finite M, or (with error feedback) k1/k0 not finite: nothing;
+//   a non-finite grad_j, y_j or new r_j: the flag is set; the payload of the affected range is
+//   not valid; with error feedback every tile (of 2^12 or 2^14 coordinates, whole blocks, or the
+//   last transform pass's tile of a larger block) holding a non-finite y_j or r_j keeps its old
+//   state; other tiles may have been updated (those that start after the flag is set skip,
+//   when status == status_out). A norm of the same input and state launched before on the
+//   same status word computes the same y and flags it, and then the encode writes nothing at all
+//   (byteps_thc/cuda.py always does so).
 struct EncodeArgs {
   const void* grad = nullptr;       // d elements of `dtype`
   DType dtype = kFloat32;
-  float* residual = nullptr;        // d floats, read and rewritten in place; null = no error feedback
+  float* residual = nullptr;        // the rotated state r: d_pad floats, read and rewritten in
+                                    // place; null = no error feedback
   uint64_t d = 0;
   uint32_t rank = 0;
   uint64_t step = 0;
@@ -79,7 +101,7 @@ struct EncodeArgs {
   uint8_t* payload = nullptr;       // out: payload_bytes
   float* workspace = nullptr;       // WorkspaceFloats() floats (may be null when that is 0)
   const int* status = nullptr;      // skip everything when *status != 0 (null: no check)
-  int* status_out = nullptr;        // where kStatusNonFiniteNorm is recorded (may equal status)
+  int* status_out = nullptr;        // where flags are recorded (may equal status)
 };
 std::string LaunchEncode(const Code& code, const EncodeArgs& a, cudaStream_t stream);
 

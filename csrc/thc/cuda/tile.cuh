@@ -1,4 +1,4 @@
-// byteps-thc CUDA: the tile kernel shared by encode, decode and the multi-pass transform.
+// byteps-thc CUDA: the tile kernel shared by norm, encode, decode and the multi-pass transform.
 //
 // A tile is 2^LT floats held in shared memory by one thread block of kThreads threads. Its local
 // index l = r * C + c (C = 2^log_c columns, R = 2^(LT - log_c) rows) maps to the padded
@@ -11,13 +11,16 @@
 // independent butterflies as long as every element sees h = 1, 2, 4, ... in order).
 //
 // A kernel is a source (what fills the tile) and a destination (what is done with the result):
-//   Src::kGrad    x = grad + residual, zero past d, signs applied     (encode, first kernel)
+//   Src::kGrad    x = grad, zero past d, signs applied; flags a NaN/Inf grad (first kernel)
 //   Src::kScratch fp32 workspace (between the passes of a large block)
 //   Src::kSums    z = float(S) * m1 + m0 from the aggregated lanes   (decode, first kernel)
 //   Dst::kScratch fp32 workspace
-//   Dst::kQuant   scale, clip, stochastic rounding, packing, error e (encode, last kernel)
-//   Dst::kResidual residual = sign * (w / B)                         (encode, error feedback)
+//   Dst::kNorm    y = w + r (error feedback), sum of y^2 in binary64 (norm, last kernel)
+//   Dst::kQuant   y = w + r, scale, clip, stochastic rounding, packing, new state r = y - deq
+//                 (encode, last kernel)
 //   Dst::kOut     out = sign * w, fp32 and optionally the input dtype (decode, last kernel)
+// The error-feedback state r is kept rotated (docs/ALGORITHM.md, "Error-feedback state"): it is
+// added after the transform and rewritten as it is, so the encode runs one transform.
 #pragma once
 
 #include <atomic>
@@ -38,12 +41,7 @@ constexpr int kLogE = 4;  // bits per register pass
 constexpr int kE = 1 << kLogE;
 
 enum class Src : int { kGrad = 0, kScratch = 1, kSums = 2 };
-enum class Dst : int { kScratch = 0, kQuant = 1, kResidual = 2, kOut = 3 };
-
-// Error-feedback handling of Dst::kQuant.
-constexpr int kEfNone = 0;     // no error feedback
-constexpr int kEfInTile = 1;   // the tile is whole blocks: transform e here, write the residual
-constexpr int kEfScratch = 2;  // large block: write e to the workspace for the passes that follow
+enum class Dst : int { kScratch = 0, kQuant = 1, kNorm = 2, kOut = 3 };
 
 struct TileParams {
   // tile geometry
@@ -51,31 +49,31 @@ struct TileParams {
   int lo = 0;          // the global bit of local bit log_c
   int tb = 0, te = 0;  // local bits to transform, [tb, te)
   uint32_t num_tiles = 0;
-  bool first = false;  // first kernel of a chain: handles M = 0 and records a bad M
-  int ef_mode = kEfNone;
+  bool first = false;     // first kernel of a chain: records a bad M
+  bool zero_at_m0 = false;  // decode: M = 0 writes zeros (the first kernel) and skips the rest
   uint64_t d = 0, padded = 0, payload_bytes = 0;  // of this launch's range (a chunk)
   uint64_t j_base = 0;  // coordinate of the range's first element (signs, uniforms)
   // data
   const void* src = nullptr;       // grad (Src::kGrad), workspace, or sums
-  const float* res_in = nullptr;   // residual added to grad (Src::kGrad), may be null
-  float* scratch = nullptr;        // workspace (Dst::kScratch, kEfScratch)
-  float* res_out = nullptr;        // residual written (Dst::kResidual, kEfInTile, M = 0)
+  const float* res_in = nullptr;   // rotated state r added to y (Dst::kQuant, kNorm); may be null
+  float* res_out = nullptr;        // new state written (Dst::kQuant); null without error feedback
+  float* scratch = nullptr;        // workspace (Dst::kScratch)
   uint8_t* payload = nullptr;
   float* out = nullptr;
   void* out_cast = nullptr;
   int out_dtype = kFloat32;
+  double* norm_acc = nullptr;      // Dst::kNorm: sum of y^2 (binary64, atomically added)
   // code
   int bits = 4, levels = 16;
   uint32_t granularity = 30;
   double clip = 0;
   double sqrt_padded = 0, sqrt_block = 0;
-  float inv_block = 1.f;
   uint32_t num_workers = 1;
   uint32_t sign_key = 0, round_key = 0;
   const double* max_norm_dev = nullptr;
   double max_norm = 0;
-  const int* status = nullptr;
-  int* status_out = nullptr;
+  const int* status = nullptr;     // skip the kernel when *status != 0 (null: no check)
+  int* status_out = nullptr;       // where flags are recorded (may be null)
   uint32_t table[256];
   float inv_gap[256];  // IG[i] = float(1 / (TBL[i+1] - TBL[i])) (binary64, rounded once)
 };
@@ -86,6 +84,7 @@ struct TileTraits {
   // One float of padding every 32 keeps the register passes and the 8-wide groups free of bank
   // conflicts.
   static constexpr int kSmemFloats = kTile + kTile / 32;
+  // Then 2 KiB: the table and 1/gap (Dst::kQuant), or 256 binary64 partial sums (Dst::kNorm).
   static constexpr size_t kSmemBytes = kSmemFloats * sizeof(float) + 256 * 8;
 };
 
@@ -145,6 +144,10 @@ __device__ __forceinline__ TileMap MakeMap(const TileParams& p, uint32_t tile) {
   return TileMap{(blk << (p.lo + rbits)) + (chunk << p.log_c), p.log_c, p.lo};
 }
 
+__device__ __forceinline__ void Flag(int* status, int bit) {
+  if (status) atomicOr(status, bit);
+}
+
 template <int LT, Src S, Dst D, typename T>
 __global__ void __launch_bounds__(kThreads, 4) TileKernel(const __grid_constant__ TileParams p) {
   constexpr int kTile = 1 << LT;
@@ -152,48 +155,44 @@ __global__ void __launch_bounds__(kThreads, 4) TileKernel(const __grid_constant_
   float* s = reinterpret_cast<float*>(smem_raw);
   uint32_t* tbl = reinterpret_cast<uint32_t*>(s + TileTraits<LT>::kSmemFloats);
   float* ig = reinterpret_cast<float*>(tbl + 256);
+  double* partial = reinterpret_cast<double*>(tbl);  // Dst::kNorm: the block's sums (no table)
 
-  if (p.status && *p.status) return;
+  // The status word may be flagged by this very launch (another block, or a thread of this one):
+  // one vote, so that the whole block returns or none of it does (the barriers below need all).
+  if (p.status && __syncthreads_or(*p.status != 0)) return;
   double M;
   if (!ReadMaxNorm(p.max_norm_dev, p.max_norm, &M)) {
-    if (p.first && blockIdx.x == 0 && threadIdx.x == 0 && p.status_out)
-      atomicOr(p.status_out, kStatusNonFiniteNorm);
+    if (p.first && blockIdx.x == 0 && threadIdx.x == 0) Flag(p.status_out, kStatusNonFiniteNorm);
     return;
   }
   const TileMap map = MakeMap<LT>(p, blockIdx.x);
   const uint32_t tid = threadIdx.x;
 
-  // M = 0: encode sends zeros and keeps x as the residual; decode returns zeros. Only the first
-  // kernel of a chain (a row tile: consecutive coordinates) acts, the others return.
-  if (M == 0.0) {
+  // Decode with M = 0 returns zeros: the first kernel of a chain (a row tile: consecutive
+  // coordinates) writes them, the others return. (Encode with M = 0 runs the whole path: the
+  // payload is zeros and the new state is y, which needs the transform.)
+  if (p.zero_at_m0 && M == 0.0) {
     if (!p.first) return;
-    if constexpr (S == Src::kGrad) {
-      const T* grad = static_cast<const T*>(p.src);
-      if (p.res_out) {
-        for (uint32_t l = tid; l < kTile; l += kThreads) {
-          const uint64_t j = map(l);
-          if (j >= p.d) break;
-          float x = ToFloat(grad[j]);
-          if (p.res_in) x = __fadd_rn(x, p.res_in[j]);
-          p.res_out[j] = x;
-        }
-      }
-      const uint64_t b0 = (map.base * p.bits) >> 3;
-      const uint64_t b1 = ((map.base + kTile) * p.bits + 7) >> 3;
-      const uint64_t end = b1 < p.payload_bytes ? b1 : p.payload_bytes;
-      for (uint64_t b = b0 + tid; b < end; b += kThreads) p.payload[b] = 0;
-    } else {
-      for (uint32_t l = tid; l < kTile; l += kThreads) {
-        const uint64_t j = map(l);
-        if (j >= p.d) break;
-        if (p.out) p.out[j] = 0.f;
-        if (p.out_cast) StoreCast(p.out_cast, j, 0.f, p.out_dtype);
-      }
+    for (uint32_t l = tid; l < kTile; l += kThreads) {
+      const uint64_t j = map(l);
+      if (j >= p.d) break;
+      if (p.out) p.out[j] = 0.f;
+      if (p.out_cast) StoreCast(p.out_cast, j, 0.f, p.out_dtype);
     }
     return;
   }
 
+  // Error feedback's scale (docs/ALGORITHM.md, encode step 7): with k1 or k0 not finite (a huge
+  // M) every new r_j is not finite, so the encode is refused before anything is written.
+  float k1 = 0.f, k0 = 0.f;
   if constexpr (D == Dst::kQuant) {
+    const double G = static_cast<double>(p.granularity), Tc = p.clip;
+    k1 = static_cast<float>(2.0 * Tc / G * M / p.sqrt_padded * p.sqrt_block);
+    k0 = static_cast<float>(-Tc * M / p.sqrt_padded * p.sqrt_block);
+    if (p.res_out && !(isfinite(k1) && isfinite(k0))) {
+      if (tid == 0) Flag(p.status_out, kStatusOverflow);
+      return;
+    }
     for (int i = tid; i < 256; i += kThreads) {
       tbl[i] = p.table[i];
       ig[i] = p.inv_gap[i];
@@ -203,15 +202,17 @@ __global__ void __launch_bounds__(kThreads, 4) TileKernel(const __grid_constant_
   // -- source --------------------------------------------------------------------------------
   if constexpr (S == Src::kGrad) {
     const T* grad = static_cast<const T*>(p.src);
+    bool bad = false;
     for (uint32_t l = tid; l < kTile; l += kThreads) {
       const uint64_t j = map(l);
       float x = 0.f;
       if (j < p.d) {
         x = ToFloat(grad[j]);
-        if (p.res_in) x = __fadd_rn(x, p.res_in[j]);
+        bad |= !isfinite(x);
       }
       s[Pad(l)] = FlipSign(x, SignMask(p.sign_key, p.j_base + j));
     }
+    if (bad) Flag(p.status_out, kStatusNonFiniteInput);
   } else if constexpr (S == Src::kScratch) {
     const float* src = static_cast<const float*>(p.src);
     for (uint32_t l = tid; l < kTile; l += kThreads) {
@@ -241,10 +242,28 @@ __global__ void __launch_bounds__(kThreads, 4) TileKernel(const __grid_constant_
       const uint64_t j = map(l);
       if (j < p.padded) p.scratch[j] = s[Pad(l)];
     }
-  } else if constexpr (D == Dst::kResidual) {
+  } else if constexpr (D == Dst::kNorm) {
+    double sum = 0.0;
+    bool bad = false;
     for (uint32_t l = tid; l < kTile; l += kThreads) {
       const uint64_t j = map(l);
-      if (j < p.d) p.res_out[j] = FlipSign(__fmul_rn(s[Pad(l)], p.inv_block), SignMask(p.sign_key, p.j_base + j));
+      if (j >= p.padded) continue;
+      float y = s[Pad(l)];
+      if (p.res_in) y = __fadd_rn(y, p.res_in[j]);
+      bad |= !isfinite(y);
+      const double v = static_cast<double>(y);
+      sum = __dadd_rn(sum, __dmul_rn(v, v));
+    }
+    // The table area (not used here) holds the 256 partial sums; a tree over them.
+    partial[tid] = sum;
+    const int any_bad = __syncthreads_or(bad);
+    for (uint32_t half = kThreads / 2; half > 0; half >>= 1) {
+      if (tid < half) partial[tid] = __dadd_rn(partial[tid], partial[tid + half]);
+      __syncthreads();
+    }
+    if (tid == 0) {
+      atomicAdd(p.norm_acc, partial[0]);
+      if (any_bad) Flag(p.status_out, kStatusOverflow);
     }
   } else if constexpr (D == Dst::kOut) {
     for (uint32_t l = tid; l < kTile; l += kThreads) {
@@ -257,35 +276,65 @@ __global__ void __launch_bounds__(kThreads, 4) TileKernel(const __grid_constant_
     }
   } else {  // Dst::kQuant
     const double G = static_cast<double>(p.granularity), Tc = p.clip;
-    const float c1 = static_cast<float>(G / (2.0 * Tc) * p.sqrt_padded / M / p.sqrt_block);
+    const bool zero = M == 0.0;  // every index 0, the new state is y
+    const float c1 =
+        zero ? 0.f : static_cast<float>(G / (2.0 * Tc) * p.sqrt_padded / M / p.sqrt_block);
     const float c0 = static_cast<float>(G / 2.0);
-    const float k1 = static_cast<float>(2.0 * Tc / G * M / p.sqrt_padded * p.sqrt_block);
-    const float k0 = static_cast<float>(-Tc * M / p.sqrt_padded * p.sqrt_block);
     const float gmax = static_cast<float>(p.granularity);
     const int bits = p.bits, levels = p.levels;
+    const bool ef = p.res_out != nullptr;
+    bool bad = false;  // a non-finite y or new r_j in this thread's coordinates
     for (uint32_t g8 = tid; g8 < kTile / 8; g8 += kThreads) {
       const uint32_t l = g8 * 8;  // 8 consecutive local elements = 8 consecutive coordinates
       const uint64_t j0 = map(l);
       if (j0 >= p.padded) continue;
       const uint64_t left = p.padded - j0;
       const int nvalid = left < 8 ? static_cast<int>(left) : 8;
+      float y[8];
+#pragma unroll
+      for (int k = 0; k < 8; ++k) y[k] = s[Pad(l + k)];
+      if (p.res_in) {  // y = Hu(sign * x) + r
+        const float* r = p.res_in + j0;
+        if (nvalid == 8 && !(reinterpret_cast<uintptr_t>(r) & 15)) {
+          const float4 a = reinterpret_cast<const float4*>(r)[0];
+          const float4 b = reinterpret_cast<const float4*>(r)[1];
+          y[0] = __fadd_rn(y[0], a.x), y[1] = __fadd_rn(y[1], a.y);
+          y[2] = __fadd_rn(y[2], a.z), y[3] = __fadd_rn(y[3], a.w);
+          y[4] = __fadd_rn(y[4], b.x), y[5] = __fadd_rn(y[5], b.y);
+          y[6] = __fadd_rn(y[6], b.z), y[7] = __fadd_rn(y[7], b.w);
+        } else {
+#pragma unroll
+          for (int k = 0; k < 8; ++k) {
+            if (k < nvalid) y[k] = __fadd_rn(y[k], r[k]);
+          }
+        }
+      }
       uint64_t word = 0;
-      float e[8];
 #pragma unroll
       for (int k = 0; k < 8; ++k) {
-        const float y = s[Pad(l + k)];
-        float t = __fadd_rn(__fmul_rn(y, c1), c0);
-        t = fminf(fmaxf(t, 0.f), gmax);
-        const uint32_t tk = static_cast<uint32_t>(t);
-        int i = 0;  // largest i with TBL[i] <= trunc(t)
-        for (int step = levels >> 1; step > 0; step >>= 1) {
-          if (tbl[i + step] <= tk) i += step;
+        uint32_t q = 0;
+        if (!zero) {
+          float t = __fadd_rn(__fmul_rn(y[k], c1), c0);
+          t = fminf(fmaxf(t, 0.f), gmax);
+          const uint32_t tk = static_cast<uint32_t>(t);
+          int i = 0;  // largest i with TBL[i] <= trunc(t)
+          for (int step = levels >> 1; step > 0; step >>= 1) {
+            if (tbl[i + step] <= tk) i += step;
+          }
+          if (i > levels - 2) i = levels - 2;
+          const float pr = __fmul_rn(__fsub_rn(t, __uint2float_rn(tbl[i])), ig[i]);
+          q = static_cast<uint32_t>(i) + (Uniform(p.round_key, p.j_base + j0 + k) < pr ? 1u : 0u);
         }
-        if (i > levels - 2) i = levels - 2;
-        const float pr = __fmul_rn(__fsub_rn(t, __uint2float_rn(tbl[i])), ig[i]);
-        const uint32_t q = static_cast<uint32_t>(i) + (Uniform(p.round_key, p.j_base + j0 + k) < pr ? 1u : 0u);
-        if (k < nvalid) word |= static_cast<uint64_t>(q) << (k * bits);
-        e[k] = __fsub_rn(y, __fadd_rn(__fmul_rn(__uint2float_rn(tbl[q]), k1), k0));
+        if (k < nvalid) {
+          word |= static_cast<uint64_t>(q) << (k * bits);
+          bad |= !isfinite(y[k]);
+        }
+        if (ef) {
+          const float deq = __fadd_rn(__fmul_rn(__uint2float_rn(tbl[q]), k1), k0);
+          const float e = zero ? y[k] : __fsub_rn(y[k], deq);
+          if (k < nvalid) bad |= !isfinite(e);
+          s[Pad(l + k)] = e;  // this thread's own elements: written out below, tile by tile
+        }
       }
       uint8_t* dst = p.payload + (j0 >> 3) * bits;
       const uintptr_t addr = reinterpret_cast<uintptr_t>(dst);
@@ -299,23 +348,22 @@ __global__ void __launch_bounds__(kThreads, 4) TileKernel(const __grid_constant_
         const int nbytes = (nvalid * bits + 7) / 8;
         for (int b = 0; b < nbytes; ++b) dst[b] = static_cast<uint8_t>(word >> (8 * b));
       }
-      if (p.ef_mode == kEfInTile) {
-#pragma unroll
-        for (int k = 0; k < 8; ++k) s[Pad(l + k)] = e[k];
-      } else if (p.ef_mode == kEfScratch) {
-        float4* w = reinterpret_cast<float4*>(p.scratch + j0);  // j0 % 8 == 0, nvalid == 8
-        w[0] = make_float4(e[0], e[1], e[2], e[3]);
-        w[1] = make_float4(e[4], e[5], e[6], e[7]);
-      }
     }
-    if (p.ef_mode == kEfInTile) {
-      __syncthreads();
-      TileFwht<LT>(s, p.tb, p.te);
-      for (uint32_t l = tid; l < kTile; l += kThreads) {
-        const uint64_t j = map(l);
-        if (j < p.d)
-          p.res_out[j] = FlipSign(__fmul_rn(s[Pad(l)], p.inv_block), SignMask(p.sign_key, p.j_base + j));
+    if (ef) {
+      // The new state, coalesced, and only when this tile's y and r are all finite: a tile
+      // that overflows keeps its old state (the norm of the same step, which computes the same
+      // y, has normally flagged it already, and then no encode kernel runs at all).
+      const int any_bad = __syncthreads_or(bad);
+      if (any_bad) {
+        if (tid == 0) Flag(p.status_out, kStatusOverflow);
+      } else {
+        for (uint32_t l = tid; l < kTile; l += kThreads) {
+          const uint64_t j = map(l);
+          if (j < p.padded) p.res_out[j] = s[Pad(l)];
+        }
       }
+    } else if (bad) {
+      Flag(p.status_out, kStatusOverflow);
     }
   }
 }
