@@ -416,8 +416,25 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                          "costs file; default: measured now). THC's extras are taken against "
                          "the codec as byteps_thc._C runs it now, which must be the codec of the "
                          "installed BytePS build")
+    ap.add_argument("--median", metavar="PATHS",
+                    help="with --calibrate OUT: run nothing, write to OUT the per-key median of "
+                         "these calibrated costs files (comma-separated; repeated calibrations)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
+    if a.median:
+        if not a.calibrate:
+            ap.error("--median needs --calibrate OUT")
+        import statistics
+        files = [json.load(open(p)) for p in a.median.split(",") if p.strip()]
+        per = dict(files[0]["per_elem"])
+        for k in per:
+            per[k] = statistics.median(f["per_elem"][k] for f in files)
+        with open(a.calibrate, "w") as f:
+            json.dump({"host": files[0].get("host", ""), "per_elem": per,
+                       "source": files[0].get("source", "") + f"; median of {len(files)} "
+                       "calibrations"}, f, indent=1)
+        print(f"wrote {a.calibrate}")
+        return 0
     tensors = [int(x) for x in a.tensors.split(",") if x.strip()]
     if a.worker:
         return worker_main(tensors, a.steps, a.warmup)
