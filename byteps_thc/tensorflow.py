@@ -228,6 +228,28 @@ def declared_names() -> List[str]:
         return list(_DECLARED)
 
 
+_LR_FILE = None
+
+
+def _learning_rate_file(lr: float = 1.0):
+    """The process's `./lr.s` (byteps_thc.compression.LearningRateFile), created on first use:
+    by the first declare of a tensor with BytePS's vanilla error feedback (rate 1.0: the kept
+    error is carried over unscaled) or by a DistributedOptimizer that sets its rate."""
+    global _LR_FILE
+    if _LR_FILE is None:
+        _LR_FILE = _c.LearningRateFile(lr)
+    return _LR_FILE
+
+
+def set_learning_rate(lr) -> None:
+    """Tell BytePS's vanilla error feedback (`--compressor-ef vanilla`) the current learning
+    rate; it rescales the kept error by previous / current rate. DistributedOptimizer does this
+    at every step; a custom loop with DistributedGradientTape and a schedule calls it. A no-op
+    unless a tensor uses vanilla error feedback."""
+    if _LR_FILE is not None:
+        _LR_FILE.set(float(lr))
+
+
 def declare(name: str, kwargs: Optional[Mapping[str, str]] = None) -> None:
     """Declare a BytePS tensor name (once), with compressor kwargs when given.
 
@@ -247,6 +269,8 @@ def declare(name: str, kwargs: Optional[Mapping[str, str]] = None) -> None:
             raise RuntimeError("this BytePS build cannot declare TensorFlow tensors with compressor "
                                "kwargs (byteps_tensorflow_declare_tensor_kwargs); rebuild it with "
                                "`make byteps`")
+        if _c.uses_vanilla_ef(kwargs):
+            _learning_rate_file()  # BytePS's vanilla EF opens ./lr.s with the compressor
         items = sorted((kwargs or {}).items())
         n = len(items)
         keys = (ctypes.c_char_p * max(n, 1))(*[k.encode() for k, _ in items])
@@ -467,6 +491,8 @@ class _DistributedKerasOptimizer:
     def apply(self, grads, trainable_variables=None):
         grads = list(grads)
         if grads and size() > 1:
+            if _c.uses_vanilla_ef(getattr(self._bps_compression, "_kwargs", None)):
+                self._bps_set_learning_rate()
             if trainable_variables is None:
                 variables = list(self._trainable_variables)
             else:
@@ -475,6 +501,17 @@ class _DistributedKerasOptimizer:
             grads = _push_pull_grads(grads, variables, self._bps_compression,
                                      self._bps_average, self._bps_prefix)
         return super().apply(grads, trainable_variables)
+
+
+    def _bps_set_learning_rate(self):
+        """./lr.s for BytePS's vanilla error feedback: the rate of this step (a schedule's
+        value at the current iteration), written before the gradients are pushed."""
+        _learning_rate_file()
+        if tf.executing_eagerly():
+            set_learning_rate(self.learning_rate)
+        else:  # inside tf.function (model.fit): a Python call at every run of the graph
+            tf.py_function(lambda lr: set_learning_rate(lr.numpy()),
+                           [tf.convert_to_tensor(self.learning_rate)], [])
 
 
 def DistributedOptimizer(optimizer, name: Optional[str] = None, use_locking: bool = False,
@@ -557,4 +594,5 @@ __all__ = ["Compression", "Compressor", "NoneCompressor", "FP16Compressor", "Reg
            "ThcCompressor", "push_pull", "broadcast", "broadcast_variables",
            "broadcast_global_variables", "DistributedGradientTape", "DistributedOptimizer",
            "BroadcastGlobalVariablesCallback", "MetricAverageCallback", "declare",
-           "declared_names", "variable_name", "min_compress_bytes", "Average", "Sum"]
+           "declared_names", "variable_name", "min_compress_bytes", "set_learning_rate",
+           "Average", "Sum"]

@@ -97,7 +97,7 @@ _MISSING = tf_plugin_missing()
 pytestmark = pytest.mark.skipif(_MISSING is not None, reason=str(_MISSING))
 
 
-def run_cluster(worker, args, timeout):
+def run_cluster(worker, args, timeout, launch_args=(), cwd=ROOT):
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([ROOT] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     for k in [k for k in env if k.startswith(("BYTEPS_", "DMLC_"))]:
@@ -106,8 +106,9 @@ def run_cluster(worker, args, timeout):
                 "TF_NUM_INTEROP_THREADS": "2", "TF_NUM_INTRAOP_THREADS": "1"})
     t0 = time.monotonic()
     p = subprocess.run([sys.executable, "-m", "byteps_thc.launch", "--local", "2",
-                        "--timeout", str(timeout - 20), "--", sys.executable, worker] + list(args),
-                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+                        "--timeout", str(timeout - 20)] + list(launch_args) +
+                       ["--", sys.executable, worker] + list(args),
+                       cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     return p.returncode, p.stdout, p.stderr, time.monotonic() - t0
 
 
@@ -172,3 +173,17 @@ def test_name_reused_with_another_size_or_dtype_is_a_clear_error(cluster_run):
         assert "InvalidArgument" in r["size_type"], r
         assert r["after"] == [2.0] * 4, r  # the cluster still works afterwards
     assert "Check failed" not in out and "core dumped" not in out
+
+
+def test_vanilla_error_feedback_gets_the_learning_rate(tmp_path):
+    """BytePS's vanilla EF mmaps ./lr.s when its compressor is created; upstream only MXNet wrote
+    it, and a TF worker aborted ("open lr.s failed"). The first declare with vanilla EF creates
+    it, and DistributedOptimizer writes its learning rate at every step (model.fit: inside the
+    traced train step)."""
+    import struct
+    code, out, err, took = run_cluster(
+        EXAMPLE, ["--mode", "fit", "--epochs", "1", "--lr", "0.04"], timeout=300,
+        launch_args=["--compressor", "onebit", "--compressor-ef", "vanilla"], cwd=str(tmp_path))
+    assert code == 0, f"exit {code} after {took:.0f}s\n{out[-4000:]}\n{err[-3000:]}"
+    assert "lr.s failed" not in out + err
+    assert struct.unpack("d", (tmp_path / "lr.s").read_bytes()[:8])[0] == pytest.approx(0.04)
