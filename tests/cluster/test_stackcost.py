@@ -10,9 +10,13 @@ pytestmark = pytest.mark.skipif(stackcost.available() is not None,
                                 reason=f"no calibration cluster: {stackcost.available()}")
 
 
+# CPU times come from /proc in clock ticks (10 ms): the runs are sized so that the server, the
+# least busy role, spends several ticks (3 steps of two 4 MB top-k tensors once measured 0.0).
+
+
 def test_a_calibration_run_measures_every_role():
-    tensors = [1024000, 1024000, 16000]
-    res = stackcost.measure("none", tensors, steps=4, warmup=1, timeout_s=180)
+    tensors = [1024000] * 4 + [16000]
+    res = stackcost.measure("none", tensors, steps=8, warmup=1, timeout_s=180)
     elems = sum(tensors)
     assert (res.up_bytes, res.down_bytes) == (4 * elems, 4 * elems)
     assert res.payload_bytes == 2 * 8 * elems
@@ -25,7 +29,7 @@ def test_a_calibration_run_measures_every_role():
 
 
 def test_a_compressed_calibration_run():
-    res = stackcost.measure("topk-0.01+ef", [1024000] * 2, steps=3, warmup=1, timeout_s=180)
+    res = stackcost.measure("topk-0.01+ef", [1024000] * 4, steps=8, warmup=1, timeout_s=180)
     up, down = advise.wire_bytes(advise.parse_spec("topk-0.01+ef"), 1024000, True, 2)
-    assert (res.up_bytes, res.down_bytes) == (2 * up, 2 * down)
+    assert (res.up_bytes, res.down_bytes) == (4 * up, 4 * down)
     assert res.worker_cpu_s > 0 and res.server_cpu_s > 0
