@@ -458,18 +458,21 @@ struct QuantizeSink {
   bool pack4;
   uint8_t* payload;  // the chunk's packed indices (pack4)
   uint8_t* idx;      // the chunk's index bytes (otherwise)
+  vu* bad;           // kEf: four masks of non-finite new residuals (four, so that consecutive
+                     // vectors do not wait on one another's read-modify-write)
   inline void operator()(size_t i, vf y) {
     const uint32_t j = (uint32_t)(j0 + i);
     vf e;
     if constexpr (kEf) {
-      if ((i & 15) == 0) {
-        PrefetchRead(res + i + kPrefetch);
-        PrefetchWrite(res_out + i + kPrefetch);
-      }
+      if ((i & 15) == 0) PrefetchRead(res + i + kPrefetch);
       y = y + LoadF(res + i);
     }
     const vi q = body(y, BroadcastU(j ^ HashMix(key, j)) ^ Iota(), &e);
-    if constexpr (kEf) StoreF(res_out + i, e);
+    if constexpr (kEf) {
+      // The new residual is read at the next step, long after: past the caches.
+      StreamF(res_out + i, e);
+      bad[(i / W) & 3] |= NonFiniteMask(e);
+    }
 #if THC_W == 16
     if (pack4) {  // 16 indices of 4 bits: lane pairs into one byte, 8 bytes
       const __m512i qq = (__m512i)q;
@@ -501,16 +504,23 @@ int EncodePipeline(const float* grad, const float* res, size_t n, uint64_t j0, s
   const bool pack4 = W == 16 && p.levels == 16;
   const uint32_t* signs = ChunkSignWords(sign_key, j0, n);
   vu amax = vu{};
+  vu bad[4] = {vu{}, vu{}, vu{}, vu{}};
   SignedSource src{grad, signs, &amax, vu{}};
-  QuantizeSink<kEf, Lut> quant{body, res, res_out, j0, p.round_key, pack4, payload, idx};
+  QuantizeSink<kEf, Lut> quant{body, res, res_out, j0, p.round_key, pack4, payload, idx, bad};
   for (size_t b = 0; b < n; b += block) BlockTo<true>(work, b, block, src, quant);
   if (!pack4) Pack(idx, n, (int)__builtin_ctz((unsigned)p.levels), payload);
   uint32_t m = 0;
   for (int l = 0; l < W; ++l) m = amax[l] > m ? amax[l] : m;
   if (m >= 0x7F800000u) return kChunkNonFinite;
   // With error feedback every y went into a residual value (e = y - level value keeps a NaN or
-  // an Inf), so one look at the new residual, still in cache, covers steps 2 and 7.
-  if constexpr (kEf) return AllFinite(res_out, n) ? kChunkOk : kChunkOverflow;
+  // an Inf), so the new residual's masks cover steps 2 and 7.
+  if constexpr (kEf) {
+    StreamFence();
+    const vu any = (bad[0] | bad[1]) | (bad[2] | bad[3]);
+    bool ok = true;
+    for (int l = 0; l < W; ++l) ok &= (any[l] == 0);
+    return ok ? kChunkOk : kChunkOverflow;
+  }
   float xm;
   std::memcpy(&xm, &m, 4);
   return TransformCannotOverflow(xm, (double)block) ? kChunkOk : kChunkCheck;

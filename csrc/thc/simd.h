@@ -37,6 +37,22 @@ typedef uint32_t vu __attribute__((vector_size(THC_W * 4)));
 
 inline vf LoadF(const float* p) { vf v; std::memcpy(&v, p, sizeof v); return v; }
 inline void StoreF(float* p, vf v) { std::memcpy(p, &v, sizeof v); }
+// A store that bypasses the caches (p aligned to the vector): for outputs not read again soon,
+// it saves the read of the line that a plain store of a missing line costs. Plain elsewhere.
+inline void StreamF(float* p, vf v) {
+#if THC_W == 16
+  _mm512_stream_ps(p, (__m512)v);
+#elif THC_W == 8
+  _mm256_stream_ps(p, (__m256)v);
+#else
+  StoreF(p, v);
+#endif
+}
+inline void StreamFence() {
+#if THC_W >= 8
+  _mm_sfence();
+#endif
+}
 inline vu LoadU(const void* p) { vu v; std::memcpy(&v, p, sizeof v); return v; }
 inline void StoreU(void* p, vu v) { std::memcpy(p, &v, sizeof v); }
 inline vf AsF(vu v) { return (vf)v; }
