@@ -319,15 +319,23 @@ def _describe_exit(code: int) -> str:
 # process groups of their own: they would live on as orphans. So a small watchdog process, in its
 # own session, reads the pid of each group the launcher starts from a pipe; the launcher writes
 # "done" once it has stopped them itself. A pipe that ends without "done" means the launcher died:
-# the watchdog stops every group (SIGTERM, then SIGKILL what is left after KILL_S seconds).
+# the watchdog stops every group (SIGTERM, then SIGKILL what is left after KILL_S seconds), then
+# removes what the run leaves on disk: lines "rmtree DIR" (the socket directories) and "shm PREFIX"
+# (the workers' shared memory in /dev/shm), told to it up front.
 _WATCHDOG = r"""
-import os, signal, sys, time
+import os, shutil, signal, sys, time
 KILL_S = %s
-groups = []
+groups, dirs, shm = [], [], []
 for line in sys.stdin:
-    if line.strip() == "done":
+    line = line.rstrip("\n")
+    if line == "done":
         sys.exit(0)
-    groups.append(int(line))
+    if line.startswith("rmtree "):
+        dirs.append(line[7:])
+    elif line.startswith("shm "):
+        shm.append(line[4:])
+    else:
+        groups.append(int(line))
 def alive(g):
     try:
         os.killpg(g, 0)
@@ -347,6 +355,15 @@ for g in groups:
         os.killpg(g, signal.SIGKILL)
     except OSError:
         pass
+for d in dirs:
+    shutil.rmtree(d, ignore_errors=True)
+if shm and os.path.isdir("/dev/shm"):
+    for e in os.listdir("/dev/shm"):
+        if any(e.startswith(p) for p in shm):
+            try:
+                os.unlink(os.path.join("/dev/shm", e))
+            except OSError:
+                pass
 """
 
 
@@ -366,8 +383,10 @@ class Supervisor:
     def __init__(self, specs: Sequence[ProcSpec], out: Optional[TextIO] = None,
                  err: Optional[TextIO] = None, prefix: bool = True, grace: float = 60.0,
                  timeout: Optional[float] = None, shutdown_timeout: float = 20.0,
-                 kill_timeout: float = 3.0, poll_interval: float = 0.05):
+                 kill_timeout: float = 3.0, poll_interval: float = 0.05,
+                 leftovers: Sequence[str] = ()):
         self.specs = list(specs)
+        self.leftovers = list(leftovers)  # watchdog lines ("rmtree DIR", "shm PREFIX")
         self.out = out if out is not None else sys.stdout
         self.err = err if err is not None else sys.stderr
         self.prefix = prefix
@@ -409,6 +428,8 @@ class Supervisor:
             [sys.executable, "-I", "-S", "-c", _WATCHDOG % repr(self.kill_timeout)],
             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             start_new_session=True, text=True)  # close_fds: no child holds the pipe open
+        for line in self.leftovers:
+            self._tell_watchdog(line)
 
     def _tell_watchdog(self, line: str) -> None:
         if self._watchdog is None:
@@ -657,10 +678,16 @@ def local_cluster_specs(num_workers: int, num_servers: int, command: Sequence[st
     return specs
 
 
+def shm_prefixes(specs: Sequence[ProcSpec]) -> List[str]:
+    """The names the workers' shared memory in /dev/shm starts with."""
+    return sorted({f"{SHM_PREFIX}{s.env['DMLC_PS_ROOT_URI']}_{s.env['DMLC_PS_ROOT_PORT']}_"
+                   for s in specs if s.role == "worker" and "DMLC_PS_ROOT_PORT" in s.env})
+
+
 def cleanup_run(run_dir: str, specs: Sequence[ProcSpec]) -> None:
-    """Remove the socket directories and any shared memory the workers left behind."""
-    prefixes = sorted({f"{SHM_PREFIX}{s.env['DMLC_PS_ROOT_URI']}_{s.env['DMLC_PS_ROOT_PORT']}_"
-                       for s in specs if s.role == "worker" and "DMLC_PS_ROOT_PORT" in s.env})
+    """Remove the socket directories and any shared memory the workers left behind (the
+    watchdog does the same when the launcher is killed outright)."""
+    prefixes = shm_prefixes(specs)
     shm = "/dev/shm"
     if prefixes and os.path.isdir(shm):
         for entry in os.listdir(shm):
@@ -688,7 +715,8 @@ def run_local(ns: argparse.Namespace, environ: Optional[Mapping[str, str]] = Non
               f"{num_servers} server(s), {ns.local} worker(s), compressor {desc}\n")
     err.flush()
     sup = Supervisor(specs, out=out, err=err, prefix=not ns.no_prefix, grace=ns.grace,
-                     timeout=ns.timeout)
+                     timeout=ns.timeout,
+                     leftovers=[f"rmtree {run_dir}"] + [f"shm {p}" for p in shm_prefixes(specs)])
     try:
         outcome = sup.run()
     except RuntimeError as e:

@@ -447,6 +447,41 @@ def test_killed_launcher_leaves_no_process(tmp_path):
                 pass
 
 
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="needs /dev/shm")
+def test_watchdog_removes_the_runs_leftovers_when_the_launcher_dies(tmp_path):
+    """The launcher killed outright leaves its run directory (the workers' socket directories)
+    and the workers' shared memory: the watchdog, told them up front, removes both once it has
+    stopped the groups. The launcher's death is its end of the pipe closing without "done"."""
+    run_dir = tmp_path / "bpsRUN"
+    (run_dir / "worker0").mkdir(parents=True)
+    (run_dir / "worker0" / "socket").write_text("")
+    prefix = f"{launch.SHM_PREFIX}test_{os.getpid()}_{time.monotonic_ns()}_"
+    shm = os.path.join("/dev/shm", prefix + "0")
+    open(shm, "w").close()
+    other = os.path.join("/dev/shm", "keep_" + prefix)  # another name: must stay
+    open(other, "w").close()
+    sup = launch.Supervisor([_spec("worker 0", "worker", _py("import time; time.sleep(300)"))],
+                            out=io.StringIO(), err=io.StringIO(), kill_timeout=1.0,
+                            leftovers=[f"rmtree {run_dir}", f"shm {prefix}"])
+    try:
+        sup.start()
+        worker = sup.procs["worker 0"]
+        assert run_dir.exists() and os.path.exists(shm)
+        sup._watchdog.stdin.close()  # the launcher is gone: no "done" will come
+        sup._watchdog.wait(timeout=LIMIT)
+        worker.wait(timeout=LIMIT)
+        assert not run_dir.exists(), "the run directory outlived the launcher"
+        assert not os.path.exists(shm), "the workers' shared memory outlived the launcher"
+        assert os.path.exists(other)
+    finally:
+        for path in (shm, other):
+            if os.path.exists(path):
+                os.unlink(path)
+        for proc in sup.procs.values():
+            if proc.poll() is None:
+                proc.kill()
+
+
 def test_missing_program_is_an_error():
     specs = [_spec("worker 0", "worker", ["/nonexistent/program"])]
     with pytest.raises(RuntimeError, match="cannot start worker 0"):
