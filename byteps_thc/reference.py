@@ -188,7 +188,8 @@ def encode(cfg: ThcConfig, grad, max_norm: float, rank: int, step: int, residual
     g, T, B, dp = cfg.granularity, cfg.clip, geo.block, geo.padded
     c1 = F32(g / (2.0 * T) * math.sqrt(dp) / max_norm / math.sqrt(B))
     c0 = F32(g / 2.0)
-    t = y * c1 + c0
+    with np.errstate(over="ignore"):  # an Inf of a huge y is clipped to g like any large value
+        t = y * c1 + c0
     t = np.minimum(np.maximum(t, F32(0)), F32(g))
     tbl, lvl, ig = _tables(cfg)
     i = np.minimum(lvl[t.astype(np.int64)], tbl.size - 2)

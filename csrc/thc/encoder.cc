@@ -8,7 +8,9 @@
 // With error feedback the norm needs the transform (y = Hu(sign * grad) + r), so Norm() keeps y
 // in `scratch` and the Encode() of the same step and gradient quantises it instead of rotating
 // again. Every new residual is written to `scratch`, which replaces `res` only when the whole
-// call succeeded.
+// call succeeded. The encoder keeps a bound on |r| from step to step (res_bound), with which
+// the fused pipeline proves the new residual finite without reading it back (it is written with
+// streaming stores, past the caches).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -34,6 +36,9 @@ struct Encoder::Impl {
   // `prep_grad` whose values at `probe_at` are still `probe` (a cheap guard against a caller
   // that changed the gradient in between; a changed gradient fails it almost surely).
   static constexpr int kProbes = 16;
+  // A bound on |r| of the residual (0 at the start; HUGE_VAL: not known, the next encode
+  // checks every value), so that the encode can prove the new one finite without reading it.
+  double res_bound = 0;
   bool prepared = false;
   uint64_t prep_step = 0;
   const float* prep_grad = nullptr;
@@ -97,6 +102,7 @@ void Encoder::set_step(uint64_t step) {
 const float* Encoder::residual() const { return impl_->ef ? impl_->res.data() : nullptr; }
 void Encoder::ResetResidual() {
   if (impl_->ef) std::fill(impl_->res.data(), impl_->res.data() + impl_->res.size(), 0.0f);
+  impl_->res_bound = 0;
   impl_->prepared = false;
 }
 
@@ -165,6 +171,7 @@ Status Encoder::Encode(const float* grad, double max_norm, uint8_t* payload) {
         if (st != Status::kOk) return st;
       }
       m.res.swap(m.scratch);
+      m.res_bound = HUGE_VAL;  // y, finite but unbounded here: the next encode checks
     } else if (!k.sum_squares(grad, nullptr, geo.d, &s)) {
       return Status::kNonFinite;
     }
@@ -194,27 +201,45 @@ Status Encoder::Encode(const float* grad, double max_norm, uint8_t* payload) {
     m.efr[i] = r + qp.k0;
   }
   qp.efr = m.efr.data();
+  if (m.ef) {
+    qp.res_bound = m.res_bound;
+    qp.efr_absmax = 0;
+    for (int i = 0; i < qp.levels; ++i) {
+      const double a = std::fabs((double)m.efr[i]);
+      qp.efr_absmax = std::isfinite(a) ? std::max(qp.efr_absmax, a) : HUGE_VAL;
+    }
+  }
 
   const size_t bits = (size_t)m.cfg.bits;
+  double bound = 0;  // of the new residual
   for (size_t j0 = 0; j0 < geo.padded; j0 += m.chunk) {
     const size_t n = std::min(m.chunk, geo.padded - j0);
     uint8_t* out = payload + j0 * bits / 8;
     int st;
+    double chunk_bound = 0;
     if (prepared) {  // y is in scratch: quantise it there (it becomes the new residual)
       float* y = m.scratch.data() + j0;
       k.quantize(y, n, j0, qp, m.idx.data());
       k.pack(m.idx.data(), n, (int)bits, out);
-      st = k.all_finite(y, n) ? detail::kChunkOk : detail::kChunkOverflow;
+      const uint32_t mb = k.max_abs_bits(y, n);  // in cache: the exact bound
+      float r;
+      std::memcpy(&r, &mb, 4);
+      chunk_bound = r;
+      st = mb < 0x7F800000u ? detail::kChunkOk : detail::kChunkOverflow;
     } else {
       const size_t nvalid = j0 < geo.d ? std::min(n, geo.d - j0) : 0;
       st = k.encode_chunk(nvalid ? grad + j0 : nullptr, m.ef ? m.res.data() + j0 : nullptr,
                           nvalid, n, j0, geo.block, m.sign_key, qp, m.work.data(), m.idx.data(),
-                          out, m.ef ? m.scratch.data() + j0 : nullptr);
+                          out, m.ef ? m.scratch.data() + j0 : nullptr, &chunk_bound);
     }
     if (st == detail::kChunkNonFinite) return Status::kNonFinite;
     if (st == detail::kChunkOverflow) return Status::kOverflow;
+    bound = std::max(bound, chunk_bound);
   }
-  if (m.ef) m.res.swap(m.scratch);
+  if (m.ef) {
+    m.res.swap(m.scratch);
+    m.res_bound = bound;
+  }
   ++m.step;
   return Status::kOk;
 }

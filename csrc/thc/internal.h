@@ -72,6 +72,9 @@ struct QuantParams {
   // Derived tables the vector kernels use instead (same bits, fewer operations):
   const float* ig24 = nullptr;   // ig[i] * 2^24 (exact): u < p  <=>  float(h >> 8) < p * 2^24
   const float* efr = nullptr;    // float(TBL[i]) * k1 + k0 (binary32, in that order), per level
+  // Error feedback: what proves the new residual finite without looking at it (EncodeChunk).
+  double res_bound = 0;   // a bound on |r| of the residual in (HUGE_VAL: unknown)
+  double efr_absmax = 0;  // max |efr[i]| (HUGE_VAL if one is not finite)
 };
 
 // What encode_chunk returns.
@@ -106,17 +109,19 @@ struct Kernels {
   // j0 .. j0+n-1, j0 a multiple of 32; nvalid of them real, the rest padding): grad, res (the
   // rotated residual r, n floats; null: no error feedback), payload and res_out (the new r, n
   // floats; null iff res is null; p.ef says the same) start at the chunk; work holds n floats,
-  // idx n bytes. A ChunkStatus; on an error nothing of res_out is promised.
+  // idx n bytes. A ChunkStatus; on an error nothing of res_out is promised. With error feedback
+  // *res_bound_out gets a bound on |the new residual| of the chunk (finite when kChunkOk).
   int (*encode_chunk)(const float* grad, const float* res, size_t nvalid, size_t n,
                        uint64_t j0, size_t block, uint32_t sign_key, const QuantParams& p,
-                       float* work, uint8_t* idx, uint8_t* payload, float* res_out);
+                       float* work, uint8_t* idx, uint8_t* payload, float* res_out,
+                       double* res_bound_out);
   // Encode steps 1-2 of one chunk (the norm's half of a step with error feedback):
   // y = Hu(sign * grad) + res (n floats each, starting at the chunk); *sumsq = sum of y^2 in
   // binary64. A ChunkStatus.
   int (*rotate_chunk)(const float* grad, const float* res, size_t nvalid, size_t n, uint64_t j0,
                       size_t block, uint32_t sign_key, float* y, double* sumsq);
-  // Whether every v[0, n) is finite.
-  bool (*all_finite)(const float* v, size_t n);
+  // max |v[i]|, i < n, as float bits (unsigned order; >= 0x7F800000: some v[i] is NaN/Inf).
+  uint32_t (*max_abs_bits)(const float* v, size_t n);
   // The whole decode of one chunk: sums (lanes of lane_bits) and out start at the chunk; out
   // gets nvalid floats; work holds n floats.
   void (*decode_chunk)(const void* sums, int lane_bits, size_t nvalid, size_t n, uint64_t j0,
@@ -146,10 +151,10 @@ const Kernels& ActiveKernels();
                   int lane_bits, void* sums);                                                 \
   int EncodeChunk(const float* grad, const float* res, size_t nvalid, size_t n, uint64_t j0,  \
                    size_t block, uint32_t sign_key, const QuantParams& p, float* work,        \
-                   uint8_t* idx, uint8_t* payload, float* res_out);                           \
+                   uint8_t* idx, uint8_t* payload, float* res_out, double* res_bound_out);    \
   int RotateChunk(const float* grad, const float* res, size_t nvalid, size_t n, uint64_t j0,  \
                   size_t block, uint32_t sign_key, float* y, double* sumsq);                  \
-  bool AllFinite(const float* v, size_t n);                                                   \
+  uint32_t MaxAbsBits(const float* v, size_t n);                                              \
   void DecodeChunk(const void* sums, int lane_bits, size_t nvalid, size_t n, uint64_t j0,     \
                    size_t block, uint32_t sign_key, float m1, float m0, float* work,          \
                    float* out);                                                               \

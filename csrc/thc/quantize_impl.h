@@ -8,6 +8,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 
 #include "internal.h"
 #include "transform.h"
@@ -458,8 +459,6 @@ struct QuantizeSink {
   bool pack4;
   uint8_t* payload;  // the chunk's packed indices (pack4)
   uint8_t* idx;      // the chunk's index bytes (otherwise)
-  vu* bad;           // kEf: four masks of non-finite new residuals (four, so that consecutive
-                     // vectors do not wait on one another's read-modify-write)
   inline void operator()(size_t i, vf y) {
     const uint32_t j = (uint32_t)(j0 + i);
     vf e;
@@ -468,11 +467,8 @@ struct QuantizeSink {
       y = y + LoadF(res + i);
     }
     const vi q = body(y, BroadcastU(j ^ HashMix(key, j)) ^ Iota(), &e);
-    if constexpr (kEf) {
-      // The new residual is read at the next step, long after: past the caches.
-      StreamF(res_out + i, e);
-      bad[(i / W) & 3] |= NonFiniteMask(e);
-    }
+    // The new residual is read at the next step, long after: past the caches.
+    if constexpr (kEf) StreamF(res_out + i, e);
 #if THC_W == 16
     if (pack4) {  // 16 indices of 4 bits: lane pairs into one byte, 8 bytes
       const __m512i qq = (__m512i)q;
@@ -490,8 +486,17 @@ struct QuantizeSink {
 // Whether float32 Hu of blocks of B values of magnitude <= xm provably stays finite: every
 // partial sum of a stage is at most the sum of the magnitudes, B * xm, times at most
 // (1 + 2^-24) per stage of rounding (<= 32 stages; 2^-16 covers it with room).
-inline bool TransformCannotOverflow(double xm, double block) {
-  return block * xm * (1.0 + 0x1p-16) < 3.4028234663852886e38;
+inline double TransformBound(double xm, double block) { return block * xm * (1.0 + 0x1p-16); }
+constexpr double kFloatMax = 3.4028234663852886e38;
+
+// With error feedback, a bound on |e| for every element of a chunk, from bounds on |Hu(v)| and on
+// the residual in: y = Hu(v) + r, then e = y - efr[q], so |e| <= |y| + max |efr| (2^-20 covers
+// the rounding of the two adds). Infinite (unprovable) when that could reach FLT_MAX. The bound
+// grows by about B * max|x| + max|efr| a step; when it gets too large, the checked path measures
+// the residual exactly and the bound starts again from there.
+inline double ResidualBound(double hu_bound, const QuantParams& p) {
+  const double e = ((hu_bound + p.res_bound) * (1.0 + 0x1p-20) + p.efr_absmax) * (1.0 + 0x1p-20);
+  return e < kFloatMax ? e : HUGE_VAL;
 }
 
 constexpr int kChunkCheck = -1;  // EncodePipeline: the bound failed; redo the chunk with checks
@@ -499,42 +504,41 @@ constexpr int kChunkCheck = -1;  // EncodePipeline: the bound failed; redo the c
 template <bool kEf, class Lut>
 int EncodePipeline(const float* grad, const float* res, size_t n, uint64_t j0, size_t block,
                     uint32_t sign_key, const QuantParams& p, const Lut& lut, float* work,
-                    uint8_t* idx, uint8_t* payload, float* res_out) {
+                    uint8_t* idx, uint8_t* payload, float* res_out, double* res_bound_out) {
   const QuantizeBody<kEf, Lut> body(p, lut);
   const bool pack4 = W == 16 && p.levels == 16;
   const uint32_t* signs = ChunkSignWords(sign_key, j0, n);
   vu amax = vu{};
-  vu bad[4] = {vu{}, vu{}, vu{}, vu{}};
   SignedSource src{grad, signs, &amax, vu{}};
-  QuantizeSink<kEf, Lut> quant{body, res, res_out, j0, p.round_key, pack4, payload, idx, bad};
+  QuantizeSink<kEf, Lut> quant{body, res, res_out, j0, p.round_key, pack4, payload, idx};
   for (size_t b = 0; b < n; b += block) BlockTo<true>(work, b, block, src, quant);
   if (!pack4) Pack(idx, n, (int)__builtin_ctz((unsigned)p.levels), payload);
+  if constexpr (kEf) StreamFence();
   uint32_t m = 0;
   for (int l = 0; l < W; ++l) m = amax[l] > m ? amax[l] : m;
   if (m >= 0x7F800000u) return kChunkNonFinite;
-  // With error feedback every y went into a residual value (e = y - level value keeps a NaN or
-  // an Inf), so the new residual's masks cover steps 2 and 7.
-  if constexpr (kEf) {
-    StreamFence();
-    const vu any = (bad[0] | bad[1]) | (bad[2] | bad[3]);
-    bool ok = true;
-    for (int l = 0; l < W; ++l) ok &= (any[l] == 0);
-    return ok ? kChunkOk : kChunkOverflow;
-  }
   float xm;
   std::memcpy(&xm, &m, 4);
-  return TransformCannotOverflow(xm, (double)block) ? kChunkOk : kChunkCheck;
+  const double hu = TransformBound(xm, (double)block);
+  if constexpr (kEf) {
+    // Proven from the bounds, without a look at the new residual (it went past the caches).
+    const double bound = ResidualBound(hu, p);
+    if (bound == HUGE_VAL) return kChunkCheck;
+    *res_bound_out = bound;
+    return kChunkOk;
+  }
+  return hu < kFloatMax ? kChunkOk : kChunkCheck;
 }
 
 template <class Lut>
 int EncodePipelineLut(const float* grad, const float* res, size_t n, uint64_t j0, size_t block,
                        uint32_t sign_key, const QuantParams& p, const Lut& lut, float* work,
-                       uint8_t* idx, uint8_t* payload, float* res_out) {
+                       uint8_t* idx, uint8_t* payload, float* res_out, double* res_bound_out) {
   if (res_out)
     return EncodePipeline<true>(grad, res, n, j0, block, sign_key, p, lut, work, idx, payload,
-                                res_out);
+                                res_out, res_bound_out);
   return EncodePipeline<false>(grad, res, n, j0, block, sign_key, p, lut, work, idx, payload,
-                               res_out);
+                               res_out, res_bound_out);
 }
 
 // Sink of the rotation: y + res into y.
@@ -552,6 +556,24 @@ struct RotateSink {
 
 }  // namespace
 
+uint32_t MaxAbsBits(const float* v, size_t n) {
+  vu m = vu{};
+  size_t i = 0;
+  for (; i + W <= n; i += W) {
+    const vu a = AsU(LoadF(v + i)) & 0x7FFFFFFFu;
+    m = a > m ? a : m;
+  }
+  uint32_t r = 0;
+  for (int l = 0; l < W; ++l) r = m[l] > r ? m[l] : r;
+  for (; i < n; ++i) {
+    uint32_t a;
+    std::memcpy(&a, v + i, 4);
+    a &= 0x7FFFFFFFu;
+    r = a > r ? a : r;
+  }
+  return r;
+}
+
 bool AllFinite(const float* v, size_t n) {
   vu bad = vu{};
   size_t i = 0;
@@ -564,19 +586,19 @@ bool AllFinite(const float* v, size_t n) {
 
 int EncodeChunk(const float* grad, const float* res, size_t nvalid, size_t n, uint64_t j0,
                 size_t block, uint32_t sign_key, const QuantParams& p, float* work, uint8_t* idx,
-                uint8_t* payload, float* res_out) {
+                uint8_t* payload, float* res_out, double* res_bound_out) {
   const int bits = (int)__builtin_ctz((unsigned)p.levels);
 #if THC_W >= 8
   if (nvalid == n && block >= kMinPipelineBlock && (res_out != nullptr) == p.ef) {
     const int st =
         p.lvl && p.levels <= 16 && p.tbl[p.levels - 1] < 32
             ? EncodePipelineLut(grad, res, n, j0, block, sign_key, p, PermLut(p), work, idx,
-                                payload, res_out)
+                                payload, res_out, res_bound_out)
             : EncodePipelineLut(grad, res, n, j0, block, sign_key, p, GatherLut(p), work, idx,
-                                payload, res_out);
+                                payload, res_out, res_bound_out);
     if (st != kChunkCheck) return st;
-    // Inputs near FLT_MAX: redo the chunk below, checking the transform's output (the pipeline
-    // does not keep it).
+    // Inputs near FLT_MAX, or a residual whose bound no longer proves the new one finite: redo
+    // the chunk below, checking what it produces (the pipeline does not keep it).
   }
 #endif
   // One kernel after another (small blocks, the partition's last chunk, the portable build, and
@@ -594,7 +616,13 @@ int EncodeChunk(const float* grad, const float* res, size_t nvalid, size_t n, ui
   if (!AllFinite(y, n)) return kChunkOverflow;
   Quantize(y, n, j0, p, idx);
   Pack(idx, n, bits, payload);
-  if (res_out && !AllFinite(res_out, n)) return kChunkOverflow;
+  if (res_out) {  // the exact bound: the largest |e|, which must be finite
+    const uint32_t mb = MaxAbsBits(res_out, n);
+    if (mb >= 0x7F800000u) return kChunkOverflow;
+    float r;
+    std::memcpy(&r, &mb, 4);
+    *res_bound_out = r;
+  }
   return kChunkOk;
 }
 

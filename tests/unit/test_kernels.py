@@ -243,6 +243,45 @@ def test_encode_reuses_the_norms_rotation_only_for_that_gradient(isa, block):
 
 
 @pytest.mark.parametrize("isa", ISAS)
+def test_growing_residual_is_caught_the_step_it_overflows(isa):
+    """With error feedback the encoder proves the new residual finite from bounds instead of
+    reading it. Here the state grows every step (huge inputs, all clipped: e ~ y) until y = Hu(v)
+    + r overflows float32: every step before equals the reference bit for bit, and the step that
+    overflows is an error, on the same step as the reference, that changes nothing. Then an
+    encode after a zero max_norm (the state's bound unknown) is checked and still exact."""
+    assert _C.force_isa(isa)
+    cfg = ThcConfig(rotation_block=256)
+    d = 4096
+    x = np.full(d, 2.5e35, np.float32)
+    x[::3] = -2.5e35
+    enc = _C.Encoder(core(cfg), d, 1, True)
+    res = R.initial_residual(cfg, d)
+    for step in range(40):
+        try:
+            want, res_next, _ = R.encode(cfg, x, 1.0, 1, step, res)
+        except ValueError as e:
+            assert "overflowed" in str(e)
+            with pytest.raises(ValueError, match="overflowed float32"):
+                enc.encode(x, 1.0)
+            assert enc.step == step and np.array_equal(bits_of(enc.residual), bits_of(res))
+            break
+        assert np.array_equal(enc.encode(x, 1.0), want), step
+        res = res_next
+        assert np.array_equal(bits_of(enc.residual), bits_of(res)), step
+    else:
+        raise AssertionError("the state never overflowed: the test proves nothing")
+    assert step >= 2  # some steps succeeded first, with a state far from zero
+    y = np.random.default_rng(5).standard_normal(d).astype(np.float32)
+    enc.reset_residual()
+    res = R.initial_residual(cfg, d)
+    _, res, _ = R.encode(cfg, y, 0.0, 1, enc.step, res)
+    enc.encode(y, 0.0)
+    want, res, _ = R.encode(cfg, y, 3.0, 1, enc.step, res)
+    assert np.array_equal(enc.encode(y, 3.0), want)
+    assert np.array_equal(bits_of(enc.residual), bits_of(res))
+
+
+@pytest.mark.parametrize("isa", ISAS)
 def test_encode_zero_norm(isa):
     assert _C.force_isa(isa)
     cfg = ThcConfig(rotation_block=64)
