@@ -15,7 +15,7 @@ namespace {
 
 #define THC_KERNEL_TABLE(ns)                                                          \
   Kernels {                                                                           \
-    #ns, ns::Fwht, ns::LoadSigned, ns::Quantize, ns::Pack, ns::SumSquares, ns::LoadSums, \
+    #ns, ns::Fwht, ns::Quantize, ns::Pack, ns::SumSquares, ns::LoadSums, \
         ns::ScaleSigned, ns::EncodeChunk, ns::RotateChunk, ns::MaxAbsBits,              \
         ns::DecodeChunk, ns::AddIndices                                                \
   }

@@ -139,7 +139,7 @@ Status Encoder::Norm(const float* grad, double* norm) {
   m.prepared = false;
   double s = 0;
   if (!m.ef) {
-    if (!detail::ActiveKernels().sum_squares(grad, nullptr, m.geo.d, &s)) return Status::kNonFinite;
+    if (!detail::ActiveKernels().sum_squares(grad, m.geo.d, &s)) return Status::kNonFinite;
     *norm = std::sqrt(s);
     return Status::kOk;
   }
@@ -172,7 +172,7 @@ Status Encoder::Encode(const float* grad, double max_norm, uint8_t* payload) {
       }
       m.res.swap(m.scratch);
       m.res_bound = HUGE_VAL;  // y, finite but unbounded here: the next encode checks
-    } else if (!k.sum_squares(grad, nullptr, geo.d, &s)) {
+    } else if (!k.sum_squares(grad, geo.d, &s)) {
       return Status::kNonFinite;
     }
     std::memset(payload, 0, geo.payload_bytes);

@@ -89,17 +89,12 @@ struct Kernels {
   const char* name;
   // hadamard: in-place Hu on each block of `block` floats in x[0, n); n a multiple of block.
   void (*fwht)(float* x, size_t n, size_t block);
-  // quantize: v[i] = sign_{j0+i} * (grad[i] + res[i]) for i < nvalid (res may be null: no add),
-  // v[i] = sign * 0 for nvalid <= i < n. False (v partly written) if any input is not finite.
-  // j0 is a multiple of 32.
-  bool (*load_signed)(const float* grad, const float* res, size_t nvalid, size_t n, uint64_t j0,
-                      uint32_t sign_key, float* v);
-  // idx[i] = table index of y[i] (element j0+i); with p.ef, y[i] becomes the error e.
+  // quantize: idx[i] = table index of y[i] (element j0+i); with p.ef, y[i] becomes the error e.
   void (*quantize)(float* y, size_t n, uint64_t j0, const QuantParams& p, uint8_t* idx);
   // LSB-first b-bit stream of idx[0, n) into ceil(n*bits/8) bytes (unused high bits zero).
   void (*pack)(const uint8_t* idx, size_t n, int bits, uint8_t* out);
-  // sum of (grad[i] + res[i])^2 in binary64 (res may be null); false if any is not finite.
-  bool (*sum_squares)(const float* grad, const float* res, size_t n, double* out);
+  // sum of x[i]^2 (binary32 runs summed in binary64); false if any x[i] is not finite.
+  bool (*sum_squares)(const float* x, size_t n, double* out);
   // dequantize: v[i] = float(sums[i]) * m1 + m0, sums in lanes of lane_bits (8/16/32).
   void (*load_sums)(const void* sums, int lane_bits, size_t n, float m1, float m0, float* v);
   // out[i] = sign_{j0+i} * (w[i] * scale), i < n; j0 a multiple of 32.
@@ -139,11 +134,9 @@ const Kernels& ActiveKernels();
 #define THC_DECLARE_ISA_KERNELS(ns)                                                           \
   namespace ns {                                                                              \
   void Fwht(float* x, size_t n, size_t block);                                                \
-  bool LoadSigned(const float* grad, const float* res, size_t nvalid, size_t n, uint64_t j0,  \
-                  uint32_t sign_key, float* v);                                               \
   void Quantize(float* y, size_t n, uint64_t j0, const QuantParams& p, uint8_t* idx);         \
   void Pack(const uint8_t* idx, size_t n, int bits, uint8_t* out);                            \
-  bool SumSquares(const float* grad, const float* res, size_t n, double* out);                \
+  bool SumSquares(const float* x, size_t n, double* out);                                     \
   void LoadSums(const void* sums, int lane_bits, size_t n, float m1, float m0, float* v);     \
   void ScaleSigned(const float* w, size_t n, uint64_t j0, uint32_t sign_key, float scale,     \
                    float* out);                                                               \

@@ -293,29 +293,20 @@ void PackScalar(const uint8_t* idx, size_t n, int bits, uint8_t* out) {
 
 }  // namespace
 
-bool LoadSigned(const float* grad, const float* res, size_t nvalid, size_t n, uint64_t j0,
-                uint32_t sign_key, float* v) {
+bool LoadSigned(const float* grad, size_t nvalid, size_t n, uint64_t j0, uint32_t sign_key,
+                float* v) {
   vu bad = vu{};
   size_t i = 0;
-  if (res) {
-    for (; i + W <= nvalid; i += W) {
-      const vf x = LoadF(grad + i) + LoadF(res + i);
-      bad |= NonFiniteMask(x);
-      StoreF(v + i, AsF(AsU(x) ^ SignBitsV(sign_key, j0 + i)));
-    }
-  } else {
-    for (; i + W <= nvalid; i += W) {
-      const vf x = LoadF(grad + i);
-      bad |= NonFiniteMask(x);
-      StoreF(v + i, AsF(AsU(x) ^ SignBitsV(sign_key, j0 + i)));
-    }
+  for (; i + W <= nvalid; i += W) {
+    const vf x = LoadF(grad + i);
+    bad |= NonFiniteMask(x);
+    StoreF(v + i, AsF(AsU(x) ^ SignBitsV(sign_key, j0 + i)));
   }
   bool ok = true;
   for (int l = 0; l < W; ++l) ok &= (bad[l] == 0);
   for (; i < nvalid; ++i) {
-    const float x = res ? grad[i] + res[i] : grad[i];
-    ok &= IsFinite(x);
-    v[i] = FlipSign(x, SignBit(sign_key, j0 + i));
+    ok &= IsFinite(grad[i]);
+    v[i] = FlipSign(grad[i], SignBit(sign_key, j0 + i));
   }
   // Padding: signed zeros.
   for (; i < n && ((j0 + i) % W) != 0; ++i) v[i] = FlipSign(0.0f, SignBit(sign_key, j0 + i));
@@ -420,8 +411,8 @@ bool SumSquaresT(const float* grad, const float* res, size_t n, double* out, flo
 
 }  // namespace
 
-bool SumSquares(const float* grad, const float* res, size_t n, double* out) {
-  return SumSquaresT<false>(grad, res, n, out, nullptr);
+bool SumSquares(const float* x, size_t n, double* out) {
+  return SumSquaresT<false>(x, nullptr, n, out, nullptr);
 }
 
 namespace {
@@ -605,7 +596,7 @@ int EncodeChunk(const float* grad, const float* res, size_t nvalid, size_t n, ui
   // chunks the overflow bound did not clear), checking what the transform produces. With error
   // feedback the work is res_out itself: y, then e in place.
   float* y = res_out ? res_out : work;
-  if (!LoadSigned(nvalid ? grad : nullptr, nullptr, nvalid, n, j0, sign_key, y))
+  if (!LoadSigned(nvalid ? grad : nullptr, nvalid, n, j0, sign_key, y))
     return kChunkNonFinite;
   for (size_t b = 0; b < n; b += block) BlockFwht(y + b, block);
   if (res) {
@@ -642,7 +633,7 @@ int RotateChunk(const float* grad, const float* res, size_t nvalid, size_t n, ui
     return SumSquaresT<false>(y, nullptr, n, sumsq, nullptr) ? kChunkOk : kChunkOverflow;
   }
 #endif
-  if (!LoadSigned(nvalid ? grad : nullptr, nullptr, nvalid, n, j0, sign_key, y))
+  if (!LoadSigned(nvalid ? grad : nullptr, nvalid, n, j0, sign_key, y))
     return kChunkNonFinite;
   for (size_t b = 0; b < n; b += block) BlockFwht(y + b, block);
   if (!SumSquaresT<true>(y, res, n, sumsq, y)) return kChunkOverflow;
