@@ -83,7 +83,15 @@ class BuildExt(build_ext):
                 e.depends = list(e.depends or []) + [str(o) for o in objs]  # relink on CUDA changes
                 e.extra_link_args = list(e.extra_link_args or []) + link_args
                 e.define_macros = list(e.define_macros or []) + macros
+        # An extension built as the other variant (THC_CUDA=0 against nvcc found, or the reverse)
+        # is rebuilt whole: no source is newer than it, but its macros and objects differ.
+        variant = "cuda" if nvcc else "cpu"
+        marker = Path(self.build_temp) / "thc_variant"
+        if not marker.exists() or marker.read_text() != variant:
+            self.force = True
         super().build_extensions()
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.write_text(variant)
 
 
 def extension():
