@@ -388,8 +388,13 @@ bool SumSquaresT(const float* grad, const float* res, size_t n, double* out, flo
       d1 = d1 + hi;
     } else {
       for (size_t k = i; k < i + kRun; k += W) {
-        vf x = LoadF(grad + k);
-        if (res) x = x + LoadF(res + k);
+        vf x;
+        if constexpr (kStore) {
+          x = LoadF(store + k);  // already written (store may be grad itself: no second add)
+        } else {
+          x = LoadF(grad + k);
+          if (res) x = x + LoadF(res + k);
+        }
         bad |= NonFiniteMask(x);
         AddSquares(x, &d0, &d1);
       }
@@ -490,6 +495,13 @@ inline double ResidualBound(double hu_bound, const QuantParams& p) {
   return e < kFloatMax ? e : HUGE_VAL;
 }
 
+// The largest lane of v (unsigned order).
+inline uint32_t MaxLane(vu v) {
+  uint32_t r = 0;
+  for (int l = 0; l < W; ++l) r = v[l] > r ? v[l] : r;
+  return r;
+}
+
 constexpr int kChunkCheck = -1;  // EncodePipeline: the bound failed; redo the chunk with checks
 
 template <bool kEf, class Lut>
@@ -505,8 +517,7 @@ int EncodePipeline(const float* grad, const float* res, size_t n, uint64_t j0, s
   for (size_t b = 0; b < n; b += block) BlockTo<true>(work, b, block, src, quant);
   if (!pack4) Pack(idx, n, (int)__builtin_ctz((unsigned)p.levels), payload);
   if constexpr (kEf) StreamFence();
-  uint32_t m = 0;
-  for (int l = 0; l < W; ++l) m = amax[l] > m ? amax[l] : m;
+  const uint32_t m = MaxLane(amax);
   if (m >= 0x7F800000u) return kChunkNonFinite;
   float xm;
   std::memcpy(&xm, &m, 4);
@@ -554,8 +565,7 @@ uint32_t MaxAbsBits(const float* v, size_t n) {
     const vu a = AsU(LoadF(v + i)) & 0x7FFFFFFFu;
     m = a > m ? a : m;
   }
-  uint32_t r = 0;
-  for (int l = 0; l < W; ++l) r = m[l] > r ? m[l] : r;
+  uint32_t r = MaxLane(m);
   for (; i < n; ++i) {
     uint32_t a;
     std::memcpy(&a, v + i, 4);
@@ -565,15 +575,18 @@ uint32_t MaxAbsBits(const float* v, size_t n) {
   return r;
 }
 
-bool AllFinite(const float* v, size_t n) {
-  vu bad = vu{};
-  size_t i = 0;
-  for (; i + W <= n; i += W) bad |= NonFiniteMask(LoadF(v + i));
-  bool ok = true;
-  for (int l = 0; l < W; ++l) ok &= (bad[l] == 0);
-  for (; i < n; ++i) ok &= IsFinite(v[i]);
-  return ok;
+namespace {
+
+// Steps 1-2 one kernel after another, checked: y = Hu(sign * grad) + res (res may be null), and
+// the sum of y^2 (the finite check of y comes with it).
+int RotateChecked(const float* grad, const float* res, size_t nvalid, size_t n, uint64_t j0,
+                  size_t block, uint32_t sign_key, float* y, double* sumsq) {
+  if (!LoadSigned(nvalid ? grad : nullptr, nvalid, n, j0, sign_key, y)) return kChunkNonFinite;
+  for (size_t b = 0; b < n; b += block) BlockFwht(y + b, block);
+  return SumSquaresT<true>(y, res, n, sumsq, y) ? kChunkOk : kChunkOverflow;
 }
+
+}  // namespace
 
 int EncodeChunk(const float* grad, const float* res, size_t nvalid, size_t n, uint64_t j0,
                 size_t block, uint32_t sign_key, const QuantParams& p, float* work, uint8_t* idx,
@@ -596,15 +609,9 @@ int EncodeChunk(const float* grad, const float* res, size_t nvalid, size_t n, ui
   // chunks the overflow bound did not clear), checking what the transform produces. With error
   // feedback the work is res_out itself: y, then e in place.
   float* y = res_out ? res_out : work;
-  if (!LoadSigned(nvalid ? grad : nullptr, nvalid, n, j0, sign_key, y))
-    return kChunkNonFinite;
-  for (size_t b = 0; b < n; b += block) BlockFwht(y + b, block);
-  if (res) {
-    size_t i = 0;
-    for (; i + W <= n; i += W) StoreF(y + i, LoadF(y + i) + LoadF(res + i));
-    for (; i < n; ++i) y[i] = y[i] + res[i];
-  }
-  if (!AllFinite(y, n)) return kChunkOverflow;
+  double unused;
+  const int st = RotateChecked(grad, res, nvalid, n, j0, block, sign_key, y, &unused);
+  if (st != kChunkOk) return st;
   Quantize(y, n, j0, p, idx);
   Pack(idx, n, bits, payload);
   if (res_out) {  // the exact bound: the largest |e|, which must be finite
@@ -625,19 +632,13 @@ int RotateChunk(const float* grad, const float* res, size_t nvalid, size_t n, ui
     SignedSource src{grad, ChunkSignWords(sign_key, j0, n), &amax, vu{}};
     RotateSink sink{y, res};
     for (size_t b = 0; b < n; b += block) BlockTo<true>(y, b, block, src, sink);
-    uint32_t m = 0;
-    for (int l = 0; l < W; ++l) m = amax[l] > m ? amax[l] : m;
-    if (m >= 0x7F800000u) return kChunkNonFinite;
+    if (MaxLane(amax) >= 0x7F800000u) return kChunkNonFinite;
     // The squares (and the finite check) in a second pass over the chunk, still in cache:
     // cheaper than carrying binary64 accumulators through the transform's sink.
     return SumSquaresT<false>(y, nullptr, n, sumsq, nullptr) ? kChunkOk : kChunkOverflow;
   }
 #endif
-  if (!LoadSigned(nvalid ? grad : nullptr, nvalid, n, j0, sign_key, y))
-    return kChunkNonFinite;
-  for (size_t b = 0; b < n; b += block) BlockFwht(y + b, block);
-  if (!SumSquaresT<true>(y, res, n, sumsq, y)) return kChunkOverflow;
-  return kChunkOk;
+  return RotateChecked(grad, res, nvalid, n, j0, block, sign_key, y, sumsq);
 }
 
 }  // namespace THC_ISA

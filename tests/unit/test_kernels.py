@@ -243,6 +243,31 @@ def test_encode_reuses_the_norms_rotation_only_for_that_gradient(isa, block):
 
 
 @pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("block", [64, 1024])
+def test_norm_of_values_whose_squares_overflow_float32(isa, block):
+    """The norm sums squares in binary32 runs and redoes a run in binary64 when its sum is not
+    finite (|y| above ~1.8e19). With error feedback that run holds y + r already: the redo must
+    not add r twice (visible when r is as large as y: a first step clipped almost everything).
+    Norm and the encode that reuses its rotation equal the reference's."""
+    assert _C.force_isa(isa)
+    cfg = ThcConfig(rotation_block=block)
+    d = 3000
+    rng = np.random.default_rng(6)
+    enc = _C.Encoder(core(cfg), d, 0, True)
+    res = R.initial_residual(cfg, d)
+    big = (rng.standard_normal(d) * 1e19).astype(np.float32)
+    small_m = R.norm(big, res, cfg) * 1e-3
+    _, res, _ = R.encode(cfg, big, small_m, 0, 0, res)
+    enc.encode(big, small_m)
+    assert np.array_equal(bits_of(enc.residual), bits_of(res)) and np.abs(res).max() > 1e19
+    m = enc.norm(big)
+    assert m == pytest.approx(R.norm(big, res, cfg), rel=1e-6)
+    want, res, _ = R.encode(cfg, big, m, 0, 1, res)
+    assert np.array_equal(enc.encode(big, m), want)
+    assert np.array_equal(bits_of(enc.residual), bits_of(res))
+
+
+@pytest.mark.parametrize("isa", ISAS)
 def test_growing_residual_is_caught_the_step_it_overflows(isa):
     """With error feedback the encoder proves the new residual finite from bounds instead of
     reading it. Here the state grows every step (huge inputs, all clipped: e ~ y) until y = Hu(v)
