@@ -94,20 +94,31 @@ struct SumsSource {  // z = float(S) * m1 + m0
   void Flush() const {}
 };
 
-struct SignedSink {  // out = sign * w
+// out = sign * w for the chunk's first nvalid coordinates (the rest is the partition's padding).
+struct SignedSink {
   float* out;
+  size_t nvalid;
   const uint32_t* signs;  // the chunk's sign words
   inline void operator()(size_t i, vf v) const {
-    if ((i & 15) == 0) PrefetchWrite(out + i + kPrefetch);
-    StoreF(out + i, FlipSigns(v, signs, i));
+    if (__builtin_expect(i + W <= nvalid, 1)) {
+      if ((i & 15) == 0) PrefetchWrite(out + i + kPrefetch);
+      StoreF(out + i, FlipSigns(v, signs, i));
+    } else if (i < nvalid) {
+      StoreValid(i, FlipSigns(v, signs, i));
+    }
+  }
+  __attribute__((noinline)) void StoreValid(size_t i, vf v) const {
+    alignas(64) float t[W];
+    StoreF(t, v);
+    for (size_t l = 0; i + l < nvalid && l < (size_t)W; ++l) out[i + l] = t[l];
   }
 };
 
 template <class T>
-void DecodePipeline(const T* sums, size_t n, uint64_t j0, size_t block, uint32_t key, float m1,
-                    float m0, float* work, float* out) {
+void DecodePipeline(const T* sums, size_t nvalid, size_t n, uint64_t j0, size_t block,
+                    uint32_t key, float m1, float m0, float* work, float* out) {
   SumsSource<T> src{sums, BroadcastF(m1), BroadcastF(m0)};
-  SignedSink sink{out, ChunkSignWords(key, j0, n)};
+  SignedSink sink{out, nvalid, ChunkSignWords(key, j0, n)};
   for (size_t b = 0; b < n; b += block) BlockTo<true>(work, b, block, src, sink);
 }
 
@@ -118,11 +129,11 @@ void DecodeChunk(const void* sums, int lane_bits, size_t nvalid, size_t n, uint6
   // sign * (w * 1) == sign * w: the pipeline skips the multiply by one.
   // Blocks beyond L2 decode faster one kernel after another (measured: 2^20 whole-partition
   // blocks 0.67 fused vs 0.57 ns/coord; the last pass's strided stores to out miss the cache).
-  if (W >= 8 && nvalid == n && block >= kMinPipelineBlock && block <= kMaxDecodePipelineBlock) {
+  if (W >= 8 && block >= kMinPipelineBlock && block <= kMaxDecodePipelineBlock) {
     switch (lane_bits) {
-      case 8: DecodePipeline(static_cast<const uint8_t*>(sums), n, j0, block, sign_key, m1, m0, work, out); return;
-      case 16: DecodePipeline(static_cast<const uint16_t*>(sums), n, j0, block, sign_key, m1, m0, work, out); return;
-      default: DecodePipeline(static_cast<const uint32_t*>(sums), n, j0, block, sign_key, m1, m0, work, out); return;
+      case 8: DecodePipeline(static_cast<const uint8_t*>(sums), nvalid, n, j0, block, sign_key, m1, m0, work, out); return;
+      case 16: DecodePipeline(static_cast<const uint16_t*>(sums), nvalid, n, j0, block, sign_key, m1, m0, work, out); return;
+      default: DecodePipeline(static_cast<const uint32_t*>(sums), nvalid, n, j0, block, sign_key, m1, m0, work, out); return;
     }
   }
   LoadSums(sums, lane_bits, n, m1, m0, work);

@@ -219,9 +219,8 @@ Status Encoder::Encode(const float* grad, double max_norm, uint8_t* payload) {
     double chunk_bound = 0;
     if (prepared) {  // y is in scratch: quantise it there (it becomes the new residual)
       float* y = m.scratch.data() + j0;
-      k.quantize(y, n, j0, qp, m.idx.data());
+      const uint32_t mb = k.quantize(y, n, j0, qp, m.idx.data());  // the exact bound
       k.pack(m.idx.data(), n, (int)bits, out);
-      const uint32_t mb = k.max_abs_bits(y, n);  // in cache: the exact bound
       float r;
       std::memcpy(&r, &mb, 4);
       chunk_bound = r;

@@ -89,8 +89,10 @@ struct Kernels {
   const char* name;
   // hadamard: in-place Hu on each block of `block` floats in x[0, n); n a multiple of block.
   void (*fwht)(float* x, size_t n, size_t block);
-  // quantize: idx[i] = table index of y[i] (element j0+i); with p.ef, y[i] becomes the error e.
-  void (*quantize)(float* y, size_t n, uint64_t j0, const QuantParams& p, uint8_t* idx);
+  // quantize: idx[i] = table index of y[i] (element j0+i); with p.ef, y[i] becomes the error e,
+  // and the result is max |e| as float bits (unsigned order; >= 0x7F800000: some e is NaN/Inf);
+  // 0 without p.ef.
+  uint32_t (*quantize)(float* y, size_t n, uint64_t j0, const QuantParams& p, uint8_t* idx);
   // LSB-first b-bit stream of idx[0, n) into ceil(n*bits/8) bytes (unused high bits zero).
   void (*pack)(const uint8_t* idx, size_t n, int bits, uint8_t* out);
   // sum of x[i]^2 (binary32 runs summed in binary64); false if any x[i] is not finite.
@@ -115,8 +117,6 @@ struct Kernels {
   // binary64. A ChunkStatus.
   int (*rotate_chunk)(const float* grad, const float* res, size_t nvalid, size_t n, uint64_t j0,
                       size_t block, uint32_t sign_key, float* y, double* sumsq);
-  // max |v[i]|, i < n, as float bits (unsigned order; >= 0x7F800000: some v[i] is NaN/Inf).
-  uint32_t (*max_abs_bits)(const float* v, size_t n);
   // The whole decode of one chunk: sums (lanes of lane_bits) and out start at the chunk; out
   // gets nvalid floats; work holds n floats.
   void (*decode_chunk)(const void* sums, int lane_bits, size_t nvalid, size_t n, uint64_t j0,
@@ -134,7 +134,7 @@ const Kernels& ActiveKernels();
 #define THC_DECLARE_ISA_KERNELS(ns)                                                           \
   namespace ns {                                                                              \
   void Fwht(float* x, size_t n, size_t block);                                                \
-  void Quantize(float* y, size_t n, uint64_t j0, const QuantParams& p, uint8_t* idx);         \
+  uint32_t Quantize(float* y, size_t n, uint64_t j0, const QuantParams& p, uint8_t* idx);     \
   void Pack(const uint8_t* idx, size_t n, int bits, uint8_t* out);                            \
   bool SumSquares(const float* x, size_t n, double* out);                                     \
   void LoadSums(const void* sums, int lane_bits, size_t n, float m1, float m0, float* v);     \
@@ -147,7 +147,6 @@ const Kernels& ActiveKernels();
                    uint8_t* idx, uint8_t* payload, float* res_out, double* res_bound_out);    \
   int RotateChunk(const float* grad, const float* res, size_t nvalid, size_t n, uint64_t j0,  \
                   size_t block, uint32_t sign_key, float* y, double* sumsq);                  \
-  uint32_t MaxAbsBits(const float* v, size_t n);                                              \
   void DecodeChunk(const void* sums, int lane_bits, size_t nvalid, size_t n, uint64_t j0,     \
                    size_t block, uint32_t sign_key, float m1, float m0, float* work,          \
                    float* out);                                                               \

@@ -166,6 +166,13 @@ inline void StoreIdx(uint8_t* out, vi q) {
 #endif
 }
 
+// The largest lane of v (unsigned order).
+inline uint32_t MaxLane(vu v) {
+  uint32_t r = 0;
+  for (int l = 0; l < W; ++l) r = v[l] > r ? v[l] : r;
+  return r;
+}
+
 // Scalar twin for tails, same operations.
 inline uint8_t QuantizeOne(float* yp, uint64_t j, const QuantParams& p) {
   const float y = *yp;
@@ -243,10 +250,13 @@ struct QuantizeBody {
   }
 };
 
+// With error feedback returns max |e| as float bits (the exact bound of the new residual, taken
+// while e is in registers); 0 without.
 template <bool kEf, class Lut>
-void QuantizeLoop(float* y, size_t n, uint64_t j0, const QuantParams& p, uint8_t* idx,
-                  const Lut lut) {
+uint32_t QuantizeLoop(float* y, size_t n, uint64_t j0, const QuantParams& p, uint8_t* idx,
+                      const Lut lut) {
   const QuantizeBody<kEf, Lut> body(p, lut);
+  vu emax = vu{};
   size_t i = 0;
   // Vectors, in runs that do not cross a multiple of 2^16 (one HashMix each). The portable
   // build stays scalar: without gathers, per-lane lookups and variable shifts, its 4-wide
@@ -259,7 +269,11 @@ void QuantizeLoop(float* y, size_t n, uint64_t j0, const QuantParams& p, uint8_t
     auto one = [&](size_t at) {
       vf e;
       const vi q = body(LoadF(y + at), jv ^ mix, &e);
-      if constexpr (kEf) StoreF(y + at, e);
+      if constexpr (kEf) {
+        StoreF(y + at, e);
+        const vu a = AsU(e) & 0x7FFFFFFFu;
+        emax = a > emax ? a : emax;
+      }
       jv += (uint32_t)W;
       return q;
     };
@@ -276,7 +290,18 @@ void QuantizeLoop(float* y, size_t n, uint64_t j0, const QuantParams& p, uint8_t
     for (; i + W <= run_end; i += W) StoreIdx(idx + i, one(i));
     if (i < run_end) break;  // a partial vector: scalar below
   }
-  for (; i < n; ++i) idx[i] = QuantizeOne(y + i, j0 + i, p);
+  uint32_t m = 0;
+  if constexpr (kEf && W >= 8) m = MaxLane(emax);
+  for (; i < n; ++i) {
+    idx[i] = QuantizeOne(y + i, j0 + i, p);
+    if constexpr (kEf) {
+      uint32_t a;
+      std::memcpy(&a, y + i, 4);
+      a &= 0x7FFFFFFFu;
+      m = a > m ? a : m;
+    }
+  }
+  return m;
 }
 
 void PackScalar(const uint8_t* idx, size_t n, int bits, uint8_t* out) {
@@ -315,16 +340,15 @@ bool LoadSigned(const float* grad, size_t nvalid, size_t n, uint64_t j0, uint32_
   return ok;
 }
 
-void Quantize(float* y, size_t n, uint64_t j0, const QuantParams& p, uint8_t* idx) {
+uint32_t Quantize(float* y, size_t n, uint64_t j0, const QuantParams& p, uint8_t* idx) {
 #if THC_W >= 8
   if (p.lvl && p.levels <= 16 && p.tbl[p.levels - 1] < 32) {
-    if (p.ef) QuantizeLoop<true>(y, n, j0, p, idx, PermLut(p));
-    else QuantizeLoop<false>(y, n, j0, p, idx, PermLut(p));
-    return;
+    return p.ef ? QuantizeLoop<true>(y, n, j0, p, idx, PermLut(p))
+                : QuantizeLoop<false>(y, n, j0, p, idx, PermLut(p));
   }
 #endif
-  if (p.ef) QuantizeLoop<true>(y, n, j0, p, idx, GatherLut(p));
-  else QuantizeLoop<false>(y, n, j0, p, idx, GatherLut(p));
+  return p.ef ? QuantizeLoop<true>(y, n, j0, p, idx, GatherLut(p))
+              : QuantizeLoop<false>(y, n, j0, p, idx, GatherLut(p));
 }
 
 void Pack(const uint8_t* idx, size_t n, int bits, uint8_t* out) {
@@ -427,17 +451,31 @@ namespace {
 // Source of the transform: sign * grad, and the running maximum of |grad| as bits (an unsigned
 // compare orders non-negative floats; >= 0x7F800000 is a NaN or Inf), which is both the
 // non-finite check and, without error feedback, the bound that rules out overflow.
+// Source of the transform: sign * grad, and the largest |grad| bits (the non-finite check). The
+// chunk's gradient ends at nvalid (a partition's last chunk): the padding beyond reads as zeros,
+// signed like every coordinate (LoadSigned's rule), and grad is never read past nvalid.
 struct SignedSource {
   const float* grad;
+  size_t nvalid;
   const uint32_t* signs;  // the chunk's sign words
   vu* amax_out;
   vu amax;
   inline vf operator()(size_t i) {
-    if ((i & 15) == 0) PrefetchRead(grad + i + kPrefetch);  // one prefetch per cache line
-    const vf x = LoadF(grad + i);
+    vf x;
+    if (__builtin_expect(i + W <= nvalid, 1)) {
+      if ((i & 15) == 0) PrefetchRead(grad + i + kPrefetch);  // one prefetch per cache line
+      x = LoadF(grad + i);
+    } else {
+      x = LoadValid(i);
+    }
     const vu a = AsU(x) & 0x7FFFFFFFu;
     amax = a > amax ? a : amax;
     return FlipSigns(x, signs, i);
+  }
+  __attribute__((noinline)) vf LoadValid(size_t i) const {
+    alignas(64) float t[W] = {};
+    for (size_t l = 0; i + l < nvalid && l < (size_t)W; ++l) t[l] = grad[i + l];
+    return LoadF(t);
   }
   void Flush() { *amax_out = *amax_out > amax ? *amax_out : amax; }
 };
@@ -495,24 +533,17 @@ inline double ResidualBound(double hu_bound, const QuantParams& p) {
   return e < kFloatMax ? e : HUGE_VAL;
 }
 
-// The largest lane of v (unsigned order).
-inline uint32_t MaxLane(vu v) {
-  uint32_t r = 0;
-  for (int l = 0; l < W; ++l) r = v[l] > r ? v[l] : r;
-  return r;
-}
-
 constexpr int kChunkCheck = -1;  // EncodePipeline: the bound failed; redo the chunk with checks
 
 template <bool kEf, class Lut>
-int EncodePipeline(const float* grad, const float* res, size_t n, uint64_t j0, size_t block,
-                    uint32_t sign_key, const QuantParams& p, const Lut& lut, float* work,
+int EncodePipeline(const float* grad, const float* res, size_t nvalid, size_t n, uint64_t j0,
+                    size_t block, uint32_t sign_key, const QuantParams& p, const Lut& lut, float* work,
                     uint8_t* idx, uint8_t* payload, float* res_out, double* res_bound_out) {
   const QuantizeBody<kEf, Lut> body(p, lut);
   const bool pack4 = W == 16 && p.levels == 16;
   const uint32_t* signs = ChunkSignWords(sign_key, j0, n);
   vu amax = vu{};
-  SignedSource src{grad, signs, &amax, vu{}};
+  SignedSource src{grad, nvalid, signs, &amax, vu{}};
   QuantizeSink<kEf, Lut> quant{body, res, res_out, j0, p.round_key, pack4, payload, idx};
   for (size_t b = 0; b < n; b += block) BlockTo<true>(work, b, block, src, quant);
   if (!pack4) Pack(idx, n, (int)__builtin_ctz((unsigned)p.levels), payload);
@@ -533,14 +564,14 @@ int EncodePipeline(const float* grad, const float* res, size_t n, uint64_t j0, s
 }
 
 template <class Lut>
-int EncodePipelineLut(const float* grad, const float* res, size_t n, uint64_t j0, size_t block,
-                       uint32_t sign_key, const QuantParams& p, const Lut& lut, float* work,
+int EncodePipelineLut(const float* grad, const float* res, size_t nvalid, size_t n, uint64_t j0,
+                       size_t block, uint32_t sign_key, const QuantParams& p, const Lut& lut, float* work,
                        uint8_t* idx, uint8_t* payload, float* res_out, double* res_bound_out) {
   if (res_out)
-    return EncodePipeline<true>(grad, res, n, j0, block, sign_key, p, lut, work, idx, payload,
-                                res_out, res_bound_out);
-  return EncodePipeline<false>(grad, res, n, j0, block, sign_key, p, lut, work, idx, payload,
-                               res_out, res_bound_out);
+    return EncodePipeline<true>(grad, res, nvalid, n, j0, block, sign_key, p, lut, work, idx,
+                                payload, res_out, res_bound_out);
+  return EncodePipeline<false>(grad, res, nvalid, n, j0, block, sign_key, p, lut, work, idx,
+                               payload, res_out, res_bound_out);
 }
 
 // Sink of the rotation: y + res into y.
@@ -557,23 +588,6 @@ struct RotateSink {
 };
 
 }  // namespace
-
-uint32_t MaxAbsBits(const float* v, size_t n) {
-  vu m = vu{};
-  size_t i = 0;
-  for (; i + W <= n; i += W) {
-    const vu a = AsU(LoadF(v + i)) & 0x7FFFFFFFu;
-    m = a > m ? a : m;
-  }
-  uint32_t r = MaxLane(m);
-  for (; i < n; ++i) {
-    uint32_t a;
-    std::memcpy(&a, v + i, 4);
-    a &= 0x7FFFFFFFu;
-    r = a > r ? a : r;
-  }
-  return r;
-}
 
 namespace {
 
@@ -593,29 +607,28 @@ int EncodeChunk(const float* grad, const float* res, size_t nvalid, size_t n, ui
                 uint8_t* payload, float* res_out, double* res_bound_out) {
   const int bits = (int)__builtin_ctz((unsigned)p.levels);
 #if THC_W >= 8
-  if (nvalid == n && block >= kMinPipelineBlock && (res_out != nullptr) == p.ef) {
+  if (block >= kMinPipelineBlock && (res_out != nullptr) == p.ef) {
     const int st =
         p.lvl && p.levels <= 16 && p.tbl[p.levels - 1] < 32
-            ? EncodePipelineLut(grad, res, n, j0, block, sign_key, p, PermLut(p), work, idx,
-                                payload, res_out, res_bound_out)
-            : EncodePipelineLut(grad, res, n, j0, block, sign_key, p, GatherLut(p), work, idx,
-                                payload, res_out, res_bound_out);
+            ? EncodePipelineLut(grad, res, nvalid, n, j0, block, sign_key, p, PermLut(p), work,
+                                idx, payload, res_out, res_bound_out)
+            : EncodePipelineLut(grad, res, nvalid, n, j0, block, sign_key, p, GatherLut(p), work,
+                                idx, payload, res_out, res_bound_out);
     if (st != kChunkCheck) return st;
     // Inputs near FLT_MAX, or a residual whose bound no longer proves the new one finite: redo
     // the chunk below, checking what it produces (the pipeline does not keep it).
   }
 #endif
-  // One kernel after another (small blocks, the partition's last chunk, the portable build, and
-  // chunks the overflow bound did not clear), checking what the transform produces. With error
+  // One kernel after another (small blocks, the portable build, and chunks the overflow bound
+  // did not clear), checking what the transform produces. With error
   // feedback the work is res_out itself: y, then e in place.
   float* y = res_out ? res_out : work;
   double unused;
   const int st = RotateChecked(grad, res, nvalid, n, j0, block, sign_key, y, &unused);
   if (st != kChunkOk) return st;
-  Quantize(y, n, j0, p, idx);
+  const uint32_t mb = Quantize(y, n, j0, p, idx);
   Pack(idx, n, bits, payload);
   if (res_out) {  // the exact bound: the largest |e|, which must be finite
-    const uint32_t mb = MaxAbsBits(res_out, n);
     if (mb >= 0x7F800000u) return kChunkOverflow;
     float r;
     std::memcpy(&r, &mb, 4);
@@ -627,9 +640,9 @@ int EncodeChunk(const float* grad, const float* res, size_t nvalid, size_t n, ui
 int RotateChunk(const float* grad, const float* res, size_t nvalid, size_t n, uint64_t j0,
                 size_t block, uint32_t sign_key, float* y, double* sumsq) {
 #if THC_W >= 8
-  if (nvalid == n && block >= kMinPipelineBlock) {
+  if (block >= kMinPipelineBlock) {
     vu amax = vu{};
-    SignedSource src{grad, ChunkSignWords(sign_key, j0, n), &amax, vu{}};
+    SignedSource src{grad, nvalid, ChunkSignWords(sign_key, j0, n), &amax, vu{}};
     RotateSink sink{y, res};
     for (size_t b = 0; b < n; b += block) BlockTo<true>(y, b, block, src, sink);
     if (MaxLane(amax) >= 0x7F800000u) return kChunkNonFinite;

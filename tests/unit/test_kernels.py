@@ -350,8 +350,8 @@ def test_encode_non_finite_changes_nothing(isa, bad):
 @pytest.mark.parametrize("block,pos", [(64, 0), (1024, 0), (1024, 2500), (None, 0)])
 def test_encode_overflow_inside_the_transform(isa, ef, block, pos):
     """Finite inputs whose Hadamard sums overflow float32 are an error (as NaN/Inf inputs are) and
-    change nothing, on the fused pipeline (first chunk) and the kernel-by-kernel path (the partial
-    last chunk, the whole partition); the reference agrees."""
+    change nothing, on the fused pipeline (the first chunk, the partial last chunk, the whole
+    partition) and the kernel-by-kernel path (64-wide blocks); the reference agrees."""
     assert _C.force_isa(isa)
     cfg = ThcConfig(rotation_block=block, error_feedback=ef)
     d = 3000
