@@ -64,7 +64,7 @@ DEFAULT_PARTITION_BYTES = 4096000      # BytePS's BYTEPS_PARTITION_BYTES default
 DEFAULT_MIN_COMPRESS_BYTES = 65536     # BytePS's BYTEPS_MIN_COMPRESS_BYTES default
 DEFAULT_EFFICIENCY = 0.93              # TCP goodput / line rate (measured 0.95 at 1 Gbit/s, tbf)
 COST_CACHE = os.path.join(os.path.expanduser("~"), ".cache", "byteps_thc", "advise-costs.json")
-COST_VERSION = 7
+COST_VERSION = 8
 
 # ------------------------------------------------------------------------------------------------
 # Models: the parameter (gradient) shapes, in the order the layers are defined.
@@ -292,7 +292,7 @@ def wire_bytes(spec: CompressorSpec, elems: int, compressed: bool, workers: int,
 # ------------------------------------------------------------------------------------------------
 # Every cost is seconds per float32 element of a partition (per push where it says so).
 COST_KEYS = (
-    "copy",          # one plain copy of the CPU worker pipeline (there are two per step)
+    "copy",          # one plain copy of the CPU worker pipeline (two per step; none for THC)
     "add_f32",       # the server adds one float32 push into the sum
     "cast_f16",      # the framework casts to or from float16 (each way)
     "add_f16",       # the server adds one float16 push
@@ -635,15 +635,16 @@ class Prediction:
 def _cpu_costs(spec: CompressorSpec, elems: int, compressed: bool, n: int,
                costs: HostCosts) -> Tuple[float, float]:
     """(one worker's seconds, the server's seconds) for one partition."""
+    if spec.name == "thc" and compressed:
+        # the codec transforms, quantises and sums the padded partition; no copies (patch 0043:
+        # it reads the input tensor and decodes into the output)
+        pad = thc_padded(spec, elems)
+        return (costs["thc_encode"] + costs["thc_decode"]) * pad, n * costs["thc_add"] * pad
     w = 2 * costs["copy"] * elems                     # the CPU pipeline's two copies
     if spec.name == "fp16":
         return w + 2 * costs["cast_f16"] * elems, n * costs["add_f16"] * elems
     if not compressed or spec.name == "none":
         return w, n * costs["add_f32"] * elems
-    if spec.name == "thc":   # the codec transforms, quantises and sums the padded partition
-        pad = thc_padded(spec, elems)
-        return (w + (costs["thc_encode"] + costs["thc_decode"]) * pad,
-                n * costs["thc_add"] * pad)
     comp = {"onebit": "onebit_c", "topk": "topk_c", "randomk": "randomk_c",
             "dithering": "dither_c"}[spec.name]
     decomp = {"onebit": "onebit_d", "dithering": "dither_d"}.get(spec.name, "sparse_d")

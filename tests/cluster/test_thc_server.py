@@ -371,8 +371,8 @@ def test_worker_fails_with_message_on_nan_gradient(tmp_path):
 def test_worker_pipeline_bit_exact(n, servers, tmp_path):
     """Real CPU BytePS workers (bpslaunch --local n): the norm round, THC encode with error feedback
     over 3 steps, the server's integer sums and the decode reproduce the codec bit for bit, for
-    float32 and float16 tensors split in several partitions (spread over the servers); an
-    uncompressed tensor still works."""
+    float32 and float16 tensors split in several partitions (spread over the servers), out of
+    place (the input left as it was) and in place; an uncompressed tensor still works."""
     if not _fork_worker_installed():
         pytest.skip("the BytePS fork (server + torch plugin) is not installed (make byteps)")
     part_bytes, steps, d = 1024000, 3, 600_000
@@ -381,3 +381,4 @@ def test_worker_pipeline_bit_exact(n, servers, tmp_path):
     assert "THC key 0 registered" in log and "THC key 1 registered" in log
     _check_pipeline(tmp_path, n, steps, 0, "x", "y", part_bytes // 4, lambda v: v.astype(np.float32))
     _check_pipeline(tmp_path, n, steps, 1, "h", "z", part_bytes // 2, lambda v: v.astype(np.float16))
+    _check_pipeline(tmp_path, n, steps, 4, "x", "w", part_bytes // 4, lambda v: v.astype(np.float32))

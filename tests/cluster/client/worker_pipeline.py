@@ -1,12 +1,14 @@
 """Run in every worker of a real local cluster (bpslaunch --local N): push_pull known tensors through
-BytePS's CPU worker pipeline (COPYD2H -> THC_NORM -> COMPRESS -> PUSH -> PULL -> DECOMPRESS ->
-COPYH2D) with THC kwargs, and save inputs and outputs; tests/cluster/test_thc_server.py checks them
-against the codec bit for bit.
+BytePS's CPU worker pipeline (THC_NORM -> COMPRESS -> PUSH -> PULL -> DECOMPRESS) with THC kwargs,
+and save inputs and outputs; tests/cluster/test_thc_server.py checks them against the codec bit
+for bit.
 
     worker_pipeline.py OUT_DIR STEPS D
 Declares, in this order (so their BytePS declared keys are 0, 1, 2, 3): "thc_f32" (float32, THC),
-"thc_f16" (float16, THC, also ef_type=vanilla), "plain" (float32, uncompressed) and "thc_zero"
-(all zeros: the max norm is 0 and the result must be zeros).
+"thc_f16" (float16, THC, also ef_type=vanilla), "plain" (float32, uncompressed), "thc_zero"
+(all zeros: the max norm is 0 and the result must be zeros) and "thc_inplace" (float32, THC,
+push_pull_inplace). On a CPU-only worker THC reads the input tensor and decodes into the output
+(no host copies): push_pull must leave its input alone, push_pull_inplace overwrite it.
 """
 import os
 import sys
@@ -29,15 +31,20 @@ ops.declare("thc_f32", **kwargs)
 ops.declare("thc_f16", ef_type="vanilla", **kwargs)  # BytePS's EF switch: THC keeps its own
 ops.declare("plain")
 ops.declare("thc_zero", **kwargs)
+ops.declare("thc_inplace", **kwargs)
 for step in range(steps):
     g = torch.Generator().manual_seed(1000 * step + rank)
     x = torch.randn(d, generator=g) * (rank + 1)
     if rank == nan_rank:
         x[d // 2] = float("nan")
     h = (torch.randn(d, generator=g) * 0.01).half()
-    y = ops.push_pull(x.clone(), average=False, name="thc_f32")
-    z = ops.push_pull(h.clone(), average=False, name="thc_f16")
-    for name, t in (("x", x), ("y", y), ("h", h), ("z", z)):
+    xc, hc = x.clone(), h.clone()
+    y = ops.push_pull(xc, average=False, name="thc_f32")
+    z = ops.push_pull(hc, average=False, name="thc_f16")
+    assert torch.equal(xc, x) and torch.equal(hc, h), "push_pull changed its input"
+    w = x.clone()
+    ops.push_pull_inplace(w, average=False, name="thc_inplace")
+    for name, t in (("x", x), ("y", y), ("h", h), ("z", z), ("w", w)):
         np.save(f"{out_dir}/{name}_{rank}_{step}.npy", t.numpy())
     p = torch.full((1000,), float(rank + 1))
     q = ops.push_pull(p, average=True, name="plain")

@@ -4,6 +4,7 @@
 #if !defined(BYTEPS_BUILDING_SERVER) && defined(BYTEPS_THC_NORM_STAGE)
 #include "thc_stage.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <thread>
@@ -25,6 +26,15 @@ namespace tw = compressor::thcwire;
 
 compressor::ThcCompressor* AsThc(const std::shared_ptr<TensorTableEntry>& task) {
   return dynamic_cast<compressor::ThcCompressor*>(task->compressor.get());
+}
+
+// The one rule for dropping the host copies, at enqueue time (ThcAddStages) and in the stages.
+bool ZeroCopy(bool thc, const void* input, const void* output) {
+  return kCpuOnly && thc && input && output;
+}
+
+bool ZeroCopy(const std::shared_ptr<TensorTableEntry>& task) {
+  return ZeroCopy(AsThc(task) != nullptr, task->tensor.get(), task->output.get());
 }
 
 // Step 3 of the round: the max came back.
@@ -73,6 +83,7 @@ void StartNormRound(std::shared_ptr<TensorTableEntry> task) {
   BPS_CHECK(err.empty()) << "THC: tensor '" << task->tensor_name << "': " << err;
 
   char* data = static_cast<char*>(task->cpubuff) + task->offset;
+  ThcCompressSource(task, &data);
   compressor::tensor_t grad(data, task->len, task->tensor->dtype());
   double norm = 0;
   err = thc->LocalNorm(grad, &norm);
@@ -118,14 +129,26 @@ bool ThcUsesNormRound(const BPSContext& context) {
   return dynamic_cast<compressor::ThcCompressor*>(context.compressor_list[0].get()) != nullptr;
 }
 
-void ThcAddStages(const BPSContext& context, std::vector<QueueType>* queue_list) {
+void ThcAddStages(const BPSContext& context, const Tensor* input, const Tensor* output,
+                  std::vector<QueueType>* queue_list) {
   if (!ThcUsesNormRound(context)) return;
-  for (auto it = queue_list->begin(); it != queue_list->end(); ++it) {
-    if (*it == COMPRESS) {
-      queue_list->insert(it, THC_NORM);
-      return;
+  auto it = std::find(queue_list->begin(), queue_list->end(), COMPRESS);
+  if (it != queue_list->end()) queue_list->insert(it, THC_NORM);
+  if (ZeroCopy(true, input, output)) {
+    for (QueueType copy : {COPYD2H, COPYH2D}) {
+      queue_list->erase(std::remove(queue_list->begin(), queue_list->end(), copy),
+                        queue_list->end());
     }
   }
+}
+
+void ThcCompressSource(const std::shared_ptr<TensorTableEntry>& task, char** data) {
+  if (ZeroCopy(task)) *data = const_cast<char*>(static_cast<const char*>(task->tensor->data())) + task->offset;
+}
+
+void ThcDecompressTarget(const std::shared_ptr<TensorTableEntry>& task, char** data) {
+  // the output tensor is the framework's, writable (BytePS's COPYH2D writes it the same way)
+  if (ZeroCopy(task)) *data = const_cast<char*>(static_cast<const char*>(task->output->data())) + task->offset;
 }
 
 void ThcNormLoop() {

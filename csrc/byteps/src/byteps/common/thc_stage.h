@@ -1,6 +1,9 @@
 // byteps-thc: THC's worker-side stages and hooks in BytePS's pipeline.
 //
-// A THC partition flows COPYD2H -> THC_NORM -> COMPRESS -> PUSH -> PULL -> DECOMPRESS -> COPYH2D.
+// A THC partition flows COPYD2H -> THC_NORM -> COMPRESS -> PUSH -> PULL -> DECOMPRESS -> COPYH2D,
+// and on a CPU-only worker THC_NORM -> COMPRESS -> PUSH -> PULL -> DECOMPRESS: the codec reads the
+// gradient from the input tensor and decodes into the output tensor, so the two host copies of the
+// gradient (into BytePS's buffer and back) are not made (patch 0043).
 // THC_NORM (spec §3 step 2) binds the partition to its compressor, computes the local norm of
 // gradient + residual, pushes it (16 bytes) to the server under the partition's key with the
 // request type thcwire::kThcNormRequest, pulls back the max over workers and hands it to the
@@ -20,8 +23,16 @@ namespace common {
 // True when the tensor's partitions are compressed with THC.
 bool ThcUsesNormRound(const BPSContext& context);
 
-// Inserts THC_NORM before COMPRESS in a THC tensor's queue list (no-op otherwise).
-void ThcAddStages(const BPSContext& context, std::vector<QueueType>* queue_list);
+// Inserts THC_NORM before COMPRESS in a THC tensor's queue list, and on a CPU-only worker
+// (push_pull: input and output given) takes out COPYD2H and COPYH2D. No-op for other tensors.
+void ThcAddStages(const BPSContext& context, const Tensor* input, const Tensor* output,
+                  std::vector<QueueType>* queue_list);
+
+// COMPRESS (and THC_NORM): where a partition's gradient is read; DECOMPRESS: where its result
+// goes. BytePS's host buffer, except for THC partitions on a CPU-only worker: the input tensor's
+// and the output tensor's bytes at the partition's offset. *data is left alone otherwise.
+void ThcCompressSource(const std::shared_ptr<TensorTableEntry>& task, char** data);
+void ThcDecompressTarget(const std::shared_ptr<TensorTableEntry>& task, char** data);
 
 // The THC_NORM stage's thread (started with the other loops on the root device).
 void ThcNormLoop();
