@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # no idle BLAS threads competing for the cores
@@ -160,7 +161,9 @@ def bench(cfg, d, threads, repeats, ops, clock=time.perf_counter, per_thread=1):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--sizes", default="16,20,24", help="log2 of d, comma separated")
+    ap.add_argument("--sizes", default="16,20,24",
+                    help="log2 of d, comma separated; a number above 40 is d itself (1024000: "
+                         "a BytePS partition of 4,096,000 bytes, padded to 2^20)")
     ap.add_argument("--isa", default="all", help="portable, avx2, avx512 or all (those the CPU has)")
     ap.add_argument("--blocks", default="1024,0", help="rotation blocks; 0 = whole partition")
     ap.add_argument("--threads", default=f"1,{os.cpu_count()}", help="thread counts")
@@ -199,24 +202,25 @@ def main(argv=None):
           f"ns = wall / (threads * d)")
     pick = statistics.median if args.stat == "median" else min
     memories = args.memory.split(",")
-    hdr = f"{'isa':8} {'d':>6} {'block':>7} {'thr':>3} {'mem':>4} {'memcpy ns':>9} " + " ".join(
+    hdr = f"{'isa':8} {'d':>7} {'block':>7} {'thr':>3} {'mem':>4} {'memcpy ns':>9} " + " ".join(
         f"{op + ' ns (x)':>20}" for op in ops)
     print(hdr, flush=True)
     rows = []
     for isa in isas:
         _C.force_isa(isa)
         for lg in sizes:
-            d = 1 << lg
+            d = 1 << lg if lg <= 40 else lg
+            label = "2^%d" % lg if lg <= 40 else str(d)
             for block in blocks:
                 cfg = ThcConfig(rotation_block=block or None, error_feedback=True)
                 for thr, mem in [(t, m) for t in thread_counts for m in memories]:
                     per_thread = 1 if mem == "hot" else max(
                         2, -(-(args.working_set << 20) // (4 * d)))
-                    repeats = args.repeats or (21 if lg <= 18 else 9 if lg <= 22 else 3)
+                    repeats = args.repeats or (21 if d <= 1 << 18 else 9 if d <= 1 << 22 else 3)
                     clock = time.thread_time if args.clock == "cpu" else time.perf_counter
                     r = bench(cfg, d, thr, repeats, ops, clock, per_thread)
                     coords = d * thr
-                    row = {"isa": isa, "d": d, "log2_d": lg, "block": block or d, "threads": thr,
+                    row = {"isa": isa, "d": d, "log2_d": math.log2(d), "block": block or d, "threads": thr,
                            "memory": mem, "partitions_per_thread": per_thread,
                            "repeats": repeats}
                     cells = []
@@ -230,7 +234,7 @@ def main(argv=None):
                             row[op + "_ratio_min"] = row[op + "_s_min"] / row["memcpy_s_min"]
                             cells.append(f"{row[op + '_ns_per_coord']:9.3f} ({row[op + '_ratio']:5.2f}x)")
                     rows.append(row)
-                    print(f"{isa:8} {'2^%d' % lg:>6} {('whole' if not block else block):>7} {thr:>3} "
+                    print(f"{isa:8} {label:>7} {('whole' if not block else block):>7} {thr:>3} "
                           f"{mem:>4} "
                           f"{row['memcpy_ns_per_coord']:9.3f} " + " ".join(f"{c:>20}" for c in cells),
                           flush=True)

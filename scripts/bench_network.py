@@ -118,7 +118,7 @@ def replay_worker(a: argparse.Namespace) -> int:
     compute_s = a.compute_ms / 1e3
     times: List[float] = []
     c0 = c1 = None
-    w0 = w1 = 0.0
+    w0 = w1 = cpu0 = 0.0
     for step in range(a.warmup + a.steps):
         with torch.no_grad():
             for p, g in zip(params, grads):   # a fresh gradient (outside the timed step)
@@ -126,7 +126,7 @@ def replay_worker(a: argparse.Namespace) -> int:
                     p.grad = torch.zeros_like(p)
                 p.grad.copy_(g)
         if step == a.warmup:
-            c0, w0 = _eth0_counters(), time.time()
+            c0, w0, cpu0 = _eth0_counters(), time.time(), time.process_time()
         t = time.perf_counter()
         time.sleep(compute_s)              # forward + backward of a GPU
         opt.synchronize()                  # push_pull of every gradient, compressed as chosen
@@ -135,9 +135,11 @@ def replay_worker(a: argparse.Namespace) -> int:
         if rank == 0 and (step + 1) % max(1, (a.warmup + a.steps) // 4) == 0:
             print(f"replay {a.model}: step {step + 1}/{a.warmup + a.steps} "
                   f"{(time.perf_counter() - t) * 1e3:.0f} ms", flush=True)
-    c1, w1 = _eth0_counters(), time.time()
+    c1, w1, cpu1 = _eth0_counters(), time.time(), time.process_time()
+    # cpu: this worker's CPU seconds (every thread: BytePS's loops, the codec, ps-lite, TCP
+    # sends made in its system calls) over the measured steps
     print(RESULT_TAG + json.dumps({"rank": rank, "times": times, "c0": c0, "c1": c1,
-                                   "w0": w0, "w1": w1}), flush=True)
+                                   "w0": w0, "w1": w1, "cpu": cpu1 - cpu0}), flush=True)
     bps.shutdown()
     return 0
 
@@ -392,7 +394,8 @@ def run_replay(net, a, model: str, spec, bw: float, link_gbit: float, costs, log
                compute_ms=compute_ms, batch_per_worker=batch, model_bytes=4 * sum(sc.tensors),
                status=res["status"], wall_s=time.time() - t0, loadavg=os.getloadavg()[0],
                predicted_step_time_s=pred.step_s, predicted_wire_bytes_per_step=pred.wire_bytes_per_step,
-               predicted_bound=pred.bound)
+               predicted_bound=pred.bound, predicted_worker_cpu_s=pred.worker_cpu_s,
+               predicted_server_cpu_s=pred.server_cpu_s)
     results = []
     for p in res["procs"]:
         for _, line in p.lines:
@@ -418,6 +421,7 @@ def run_replay(net, a, model: str, spec, bw: float, link_gbit: float, costs, log
                samples_per_s=a.workers * batch / med,
                wire_bytes_per_step=up + down, up_bytes_per_step=up, down_bytes_per_step=down,
                server_cpu_s_per_step=(c1 - c0) / n if c0 is not None and c1 is not None else None,
+               worker_cpu_s_per_step=statistics.mean(r["cpu"] for r in results) / n,
                prediction_error=(pred.step_s - med) / med)
     return rec
 
@@ -626,7 +630,8 @@ def repredict(records: List[dict], costs) -> None:
                        r["workers"])
         pred = advise.predict_one(sc, spec, costs)
         r.update(predicted_step_time_s=pred.step_s, predicted_bound=pred.bound,
-                 predicted_wire_bytes_per_step=pred.wire_bytes_per_step)
+                 predicted_wire_bytes_per_step=pred.wire_bytes_per_step,
+                 predicted_worker_cpu_s=pred.worker_cpu_s, predicted_server_cpu_s=pred.server_cpu_s)
         if r.get("step_time_s"):
             r["prediction_error"] = (pred.step_s - r["step_time_s"]) / r["step_time_s"]
 
@@ -803,7 +808,8 @@ def main(argv=None) -> int:
                         log(f"  step {rec['step_time_s'] * 1e3:.0f} ms (p90 "
                             f"{rec['step_time_p90_s'] * 1e3:.0f}), wire "
                             f"{rec['wire_bytes_per_step'] / 1e6:.1f} MB/step, server CPU "
-                            f"{(rec['server_cpu_s_per_step'] or 0) * 1e3:.0f} ms/step; advisor "
+                            f"{(rec['server_cpu_s_per_step'] or 0) * 1e3:.0f} ms/step, CPU a "
+                            f"worker {rec['worker_cpu_s_per_step'] * 1e3:.0f} ms/step; advisor "
                             f"{rec['predicted_step_time_s'] * 1e3:.0f} ms "
                             f"({rec['prediction_error']:+.0%})")
                 if rec["status"] != "ok":
