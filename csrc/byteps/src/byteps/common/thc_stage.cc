@@ -37,6 +37,12 @@ bool ZeroCopy(const std::shared_ptr<TensorTableEntry>& task) {
   return ZeroCopy(AsThc(task) != nullptr, task->tensor.get(), task->output.get());
 }
 
+// A tensor's bytes at a partition's offset. The framework's tensors are writable (BytePS's COPYH2D
+// writes the output through the same const data()).
+char* TensorAt(const std::shared_ptr<Tensor>& t, size_t offset) {
+  return const_cast<char*>(static_cast<const char*>(t->data())) + offset;
+}
+
 // Step 3 of the round: the max came back.
 void FinishNormRound(std::shared_ptr<TensorTableEntry> task, compressor::ThcCompressor* thc,
                      size_t bytes) {
@@ -143,12 +149,11 @@ void ThcAddStages(const BPSContext& context, const Tensor* input, const Tensor* 
 }
 
 void ThcCompressSource(const std::shared_ptr<TensorTableEntry>& task, char** data) {
-  if (ZeroCopy(task)) *data = const_cast<char*>(static_cast<const char*>(task->tensor->data())) + task->offset;
+  if (ZeroCopy(task)) *data = TensorAt(task->tensor, task->offset);
 }
 
 void ThcDecompressTarget(const std::shared_ptr<TensorTableEntry>& task, char** data) {
-  // the output tensor is the framework's, writable (BytePS's COPYH2D writes it the same way)
-  if (ZeroCopy(task)) *data = const_cast<char*>(static_cast<const char*>(task->output->data())) + task->offset;
+  if (ZeroCopy(task)) *data = TensorAt(task->output, task->offset);
 }
 
 void ThcNormLoop() {
