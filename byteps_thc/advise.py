@@ -398,10 +398,10 @@ def tcp_cost_per_byte(nbytes: int = 64 << 20) -> float:
 
 
 def measure_costs(elems: int = 1 << 20, repeats: int = 5, thc_config=None,
-                  stack: bool = True) -> HostCosts:
+                  stack: bool = True, log=None) -> HostCosts:
     """Time each operation on `elems` elements (best of `repeats`); a few seconds. With `stack`
     and BytePS installed, then the calibration clusters of byteps_thc.stackcost (STACK_KEYS; about
-    two minutes on a 2-core host).
+    two minutes on a 2-core host; `log` gets a line per calibration run).
 
     Memory-bound operations (copies, sums, casts) are timed on 16x larger arrays so that they
     stream from memory as a model's gradients do, not from the cache."""
@@ -412,7 +412,7 @@ def measure_costs(elems: int = 1 << 20, repeats: int = 5, thc_config=None,
     why = stackcost.available()
     if why is None:
         try:
-            costs.per_elem.update(stackcost.calibrate(costs))
+            costs.per_elem.update(stackcost.calibrate(costs, log=log))
             costs.source += "; stack: calibration clusters (bpslaunch --local 2, loopback)"
             return costs
         except (RuntimeError, OSError) as e:
@@ -563,7 +563,12 @@ def host_costs(cache_path: Optional[str] = COST_CACHE, refresh: bool = False) ->
                 return HostCosts(data["per_elem"], data.get("source", "cache") + " (cached)")
         except (OSError, ValueError, KeyError):
             pass
-    costs = measure_costs()
+    def log(msg: str) -> None:  # progress on stderr: the first call on a host takes minutes
+        print(f"byteps_thc.advise: {msg}", file=sys.stderr, flush=True)
+
+    log("measuring this host's costs once (per-element timings, then calibration clusters of "
+        f"the real stack: about 2-4 minutes); cached in {cache_path or 'nothing'}")
+    costs = measure_costs(log=log)
     if cache_path and "reference" not in costs.source:  # never cache a stand-in for the codec
         try:
             os.makedirs(os.path.dirname(cache_path), exist_ok=True)

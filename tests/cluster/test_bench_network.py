@@ -112,7 +112,9 @@ def test_bench_smoke_tiny_model_two_compressors(tmp_path):
         [sys.executable, BENCH, "--workloads", "tiny", "--bandwidths", "1", "--compressors",
          "none,thc", "--steps", "2", "--min-steps", "2", "--warmup", "1", "--time-budget", "1.5",
          "--run-timeout", "45", "--json", str(out), "--plot", str(tmp_path / "img"),
-         "--logdir", str(tmp_path / "logs")],
+         "--logdir", str(tmp_path / "logs"),
+         # the committed costs: a host's first own calibration takes minutes (not this test's)
+         "--costs", os.path.join(ROOT, "docs", "img", "advise-costs-median3.json")],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         text, _ = p.communicate(timeout=110)

@@ -165,7 +165,7 @@ def test_cli_json(capsys, monkeypatch):
     assert all(math.isfinite(p["step_s"]) for p in preds)
 
 
-def test_host_costs_cache_roundtrip(tmp_path, monkeypatch):
+def test_host_costs_cache_roundtrip(tmp_path, monkeypatch, capsys):
     calls = []
 
     def fake_measure(**kw):
@@ -174,8 +174,10 @@ def test_host_costs_cache_roundtrip(tmp_path, monkeypatch):
     monkeypatch.setattr(advise, "measure_costs", fake_measure)
     path = str(tmp_path / "c.json")
     a = advise.host_costs(cache_path=path)
+    assert "measuring this host's costs once" in capsys.readouterr().err  # minutes: say so
     b = advise.host_costs(cache_path=path)
     assert a.per_elem == b.per_elem and len(calls) == 1 and "cached" in b.source
+    assert capsys.readouterr().err == ""
     advise.host_costs(cache_path=path, refresh=True)
     assert len(calls) == 2
 
