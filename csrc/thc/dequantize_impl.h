@@ -130,10 +130,13 @@ void DecodeChunk(const void* sums, int lane_bits, size_t nvalid, size_t n, uint6
   // Blocks beyond L2 decode faster one kernel after another (measured: 2^20 whole-partition
   // blocks 0.67 fused vs 0.57 ns/coord; the last pass's strided stores to out miss the cache).
   if (W >= 8 && block >= kMinPipelineBlock && block <= kMaxDecodePipelineBlock) {
+    auto run = [&](auto* lanes) {
+      DecodePipeline(lanes, nvalid, n, j0, block, sign_key, m1, m0, work, out);
+    };
     switch (lane_bits) {
-      case 8: DecodePipeline(static_cast<const uint8_t*>(sums), nvalid, n, j0, block, sign_key, m1, m0, work, out); return;
-      case 16: DecodePipeline(static_cast<const uint16_t*>(sums), nvalid, n, j0, block, sign_key, m1, m0, work, out); return;
-      default: DecodePipeline(static_cast<const uint32_t*>(sums), nvalid, n, j0, block, sign_key, m1, m0, work, out); return;
+      case 8: run(static_cast<const uint8_t*>(sums)); return;
+      case 16: run(static_cast<const uint16_t*>(sums)); return;
+      default: run(static_cast<const uint32_t*>(sums)); return;
     }
   }
   LoadSums(sums, lane_bits, n, m1, m0, work);

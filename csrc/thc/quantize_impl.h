@@ -450,10 +450,9 @@ namespace {
 
 // Source of the transform: sign * grad, and the running maximum of |grad| as bits (an unsigned
 // compare orders non-negative floats; >= 0x7F800000 is a NaN or Inf), which is both the
-// non-finite check and, without error feedback, the bound that rules out overflow.
-// Source of the transform: sign * grad, and the largest |grad| bits (the non-finite check). The
-// chunk's gradient ends at nvalid (a partition's last chunk): the padding beyond reads as zeros,
-// signed like every coordinate (LoadSigned's rule), and grad is never read past nvalid.
+// non-finite check and, without error feedback, the bound that rules out overflow. The chunk's
+// gradient ends at nvalid (a partition's last chunk): the padding beyond reads as zeros, signed
+// like every coordinate (LoadSigned's rule), and grad is never read past nvalid.
 struct SignedSource {
   const float* grad;
   size_t nvalid;
@@ -537,8 +536,9 @@ constexpr int kChunkCheck = -1;  // EncodePipeline: the bound failed; redo the c
 
 template <bool kEf, class Lut>
 int EncodePipeline(const float* grad, const float* res, size_t nvalid, size_t n, uint64_t j0,
-                    size_t block, uint32_t sign_key, const QuantParams& p, const Lut& lut, float* work,
-                    uint8_t* idx, uint8_t* payload, float* res_out, double* res_bound_out) {
+                   size_t block, uint32_t sign_key, const QuantParams& p, const Lut& lut,
+                   float* work, uint8_t* idx, uint8_t* payload, float* res_out,
+                   double* res_bound_out) {
   const QuantizeBody<kEf, Lut> body(p, lut);
   const bool pack4 = W == 16 && p.levels == 16;
   const uint32_t* signs = ChunkSignWords(sign_key, j0, n);
@@ -565,8 +565,9 @@ int EncodePipeline(const float* grad, const float* res, size_t nvalid, size_t n,
 
 template <class Lut>
 int EncodePipelineLut(const float* grad, const float* res, size_t nvalid, size_t n, uint64_t j0,
-                       size_t block, uint32_t sign_key, const QuantParams& p, const Lut& lut, float* work,
-                       uint8_t* idx, uint8_t* payload, float* res_out, double* res_bound_out) {
+                      size_t block, uint32_t sign_key, const QuantParams& p, const Lut& lut,
+                      float* work, uint8_t* idx, uint8_t* payload, float* res_out,
+                      double* res_bound_out) {
   if (res_out)
     return EncodePipeline<true>(grad, res, nvalid, n, j0, block, sign_key, p, lut, work, idx,
                                 payload, res_out, res_bound_out);
@@ -620,8 +621,8 @@ int EncodeChunk(const float* grad, const float* res, size_t nvalid, size_t n, ui
   }
 #endif
   // One kernel after another (small blocks, the portable build, and chunks the overflow bound
-  // did not clear), checking what the transform produces. With error
-  // feedback the work is res_out itself: y, then e in place.
+  // did not clear), checking what the transform produces. With error feedback the work is
+  // res_out itself: y, then e in place.
   float* y = res_out ? res_out : work;
   double unused;
   const int st = RotateChecked(grad, res, nvalid, n, j0, block, sign_key, y, &unused);
