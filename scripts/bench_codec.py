@@ -220,8 +220,9 @@ def main(argv=None):
                     clock = time.thread_time if args.clock == "cpu" else time.perf_counter
                     r = bench(cfg, d, thr, repeats, ops, clock, per_thread)
                     coords = d * thr
-                    row = {"isa": isa, "d": d, "log2_d": math.log2(d), "block": block or d, "threads": thr,
-                           "memory": mem, "partitions_per_thread": per_thread,
+                    whole = 1 << (d - 1).bit_length()     # a whole-partition block: padded d
+                    row = {"isa": isa, "d": d, "log2_d": math.log2(d), "block": block or whole,
+                           "threads": thr, "memory": mem, "partitions_per_thread": per_thread,
                            "repeats": repeats}
                     cells = []
                     for op in ["memcpy"] + ops:
