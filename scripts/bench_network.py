@@ -377,6 +377,13 @@ def _scenario(model: str, bw: float, link_gbit: float, compute_ms: float,
                            efficiency=min(1.0, link_gbit / bw), cores=os.cpu_count())
 
 
+def _predicted(pred: "advise.Prediction") -> dict:
+    """A record's fields from the advisor's prediction (what a run measures beside them)."""
+    return dict(predicted_step_time_s=pred.step_s, predicted_bound=pred.bound,
+                predicted_wire_bytes_per_step=pred.wire_bytes_per_step,
+                predicted_worker_cpu_s=pred.worker_cpu_s, predicted_server_cpu_s=pred.server_cpu_s)
+
+
 def run_replay(net, a, model: str, spec, bw: float, link_gbit: float, costs, logdir) -> dict:
     compute_ms = a.compute_ms if a.compute_ms is not None else replay_defaults(model)[0]
     batch = replay_defaults(model)[1]
@@ -393,9 +400,7 @@ def run_replay(net, a, model: str, spec, bw: float, link_gbit: float, costs, log
                link_gbit_measured=link_gbit, latency_ms=a.latency_ms, workers=a.workers,
                compute_ms=compute_ms, batch_per_worker=batch, model_bytes=4 * sum(sc.tensors),
                status=res["status"], wall_s=time.time() - t0, loadavg=os.getloadavg()[0],
-               predicted_step_time_s=pred.step_s, predicted_wire_bytes_per_step=pred.wire_bytes_per_step,
-               predicted_bound=pred.bound, predicted_worker_cpu_s=pred.worker_cpu_s,
-               predicted_server_cpu_s=pred.server_cpu_s)
+               **_predicted(pred))
     results = []
     for p in res["procs"]:
         for _, line in p.lines:
@@ -629,9 +634,7 @@ def repredict(records: List[dict], costs) -> None:
                        r.get("link_gbit_measured") or r["bandwidth_gbit"], r["compute_ms"],
                        r["workers"])
         pred = advise.predict_one(sc, spec, costs)
-        r.update(predicted_step_time_s=pred.step_s, predicted_bound=pred.bound,
-                 predicted_wire_bytes_per_step=pred.wire_bytes_per_step,
-                 predicted_worker_cpu_s=pred.worker_cpu_s, predicted_server_cpu_s=pred.server_cpu_s)
+        r.update(_predicted(pred))
         if r.get("step_time_s"):
             r["prediction_error"] = (pred.step_s - r["step_time_s"]) / r["step_time_s"]
 
