@@ -1,0 +1,183 @@
+"""Every environment variable the Python side of byteps-thc reads: its name, default and parser.
+
+Each variable is one `Setting`; `Setting.get(environ)` is the one helper that reads and parses it,
+and names the variable and the bad value when it does not parse. Nothing else in the package
+spells a variable's name or default: the launcher, the framework adapters, the advisor and the
+tests all import them from here.
+
+THC's own settings (`THC`) default to None, meaning "ThcConfig's default": the dataclass is the
+one place where THC's default hyper-parameters live.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Callable, Dict, Mapping, Optional
+
+
+# ------------------------------------------------------------------------------------------------
+# Parsers: str -> value, raising ValueError with what is expected
+# ------------------------------------------------------------------------------------------------
+def parse_int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is not an integer") from None
+
+
+def parse_nonnegative_int(text: str) -> int:
+    v = parse_int(text)
+    if v < 0:
+        raise ValueError(f"{text!r} must be at least 0")
+    return v
+
+
+def parse_positive_int(text: str) -> int:
+    v = parse_int(text)
+    if v < 1:
+        raise ValueError(f"{text!r} must be at least 1")
+    return v
+
+
+def parse_probability(text: str) -> float:
+    """A probability strictly between 0 and 1, as a decimal or a fraction (0.03125, 1/32)."""
+    try:
+        if "/" in text:
+            num, den = text.split("/", 1)
+            v = float(num) / float(den)
+        else:
+            v = float(text)
+    except (ValueError, ZeroDivisionError):
+        raise ValueError(f"{text!r} is not a probability (e.g. 0.03125 or 1/32)") from None
+    if not 0.0 < v < 1.0:
+        raise ValueError(f"{text!r} must lie strictly between 0 and 1")
+    return v
+
+
+def parse_bool(text: str) -> bool:
+    low = text.strip().lower()
+    if low in ("1", "true", "yes", "on"):
+        return True
+    if low in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{text!r} is not a boolean: use 1/0, true/false, yes/no or on/off")
+
+
+def parse_optional_int(text: str) -> Optional[int]:
+    """An integer where 0 means "unset" (None)."""
+    return parse_int(text) or None
+
+
+def parse_name(text: str) -> str:
+    return text.strip().lower()
+
+
+# ------------------------------------------------------------------------------------------------
+# Settings
+# ------------------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    name: str
+    default: object
+    parse: Callable[[str], object]
+    help: str
+
+    def get(self, environ: Optional[Mapping[str, str]] = None):
+        """The parsed value in `environ` (default os.environ); `default` when unset or empty."""
+        env = os.environ if environ is None else environ
+        raw = env.get(self.name)
+        if raw is None or not raw.strip():
+            return self.default
+        try:
+            return self.parse(raw.strip())
+        except ValueError as e:
+            raise ValueError(f"{self.name}={raw!r} is not valid: {e}") from None
+
+    def is_set(self, environ: Optional[Mapping[str, str]] = None) -> bool:
+        env = os.environ if environ is None else environ
+        return bool((env.get(self.name) or "").strip())
+
+
+# Compression, as bpslaunch's flags set it and the adapters read it
+COMPRESSOR = Setting("BYTEPS_COMPRESSOR", "none", parse_name,
+                     "none | thc | fp16 | onebit | topk | randomk | dithering")
+COMPRESSOR_K = Setting("BYTEPS_COMPRESSOR_K", None, str,
+                       "k of topk/randomk (count or fraction), dithering's levels")
+COMPRESSOR_EF = Setting("BYTEPS_COMPRESSOR_EF", "none", parse_name,
+                        "none | vanilla: error feedback of BytePS's own compressors")
+MIN_COMPRESS_BYTES = Setting("BYTEPS_MIN_COMPRESS_BYTES", 65536, parse_nonnegative_int,
+                             "smallest tensor (bytes as pushed) that is compressed")
+PARTITION_BYTES = Setting("BYTEPS_PARTITION_BYTES", 4096000, parse_positive_int,
+                          "tensor partition size in bytes")
+
+# THC hyper-parameters, keyed by ThcConfig field (None: ThcConfig's default)
+THC_BITS = Setting("BYTEPS_THC_BITS", None, parse_int,
+                   "bits per coordinate on the way up (1..8)")
+THC_GRANULARITY = Setting("BYTEPS_THC_GRANULARITY", None, parse_int,
+                          "table values in [0, G], G >= 2^B - 1")
+THC_OVERFLOW_PROB = Setting("BYTEPS_THC_OVERFLOW_PROB", None, parse_probability,
+                            "clipped probability mass, e.g. 1/32")
+THC_SEED = Setting("BYTEPS_THC_SEED", None, parse_nonnegative_int,
+                   "rotation seed, the same on every worker")
+THC_ROTATION_BLOCK = Setting("BYTEPS_THC_ROTATION_BLOCK", None, parse_optional_int,
+                             "Hadamard block, a power of two (0 = the whole partition)")
+THC_ERROR_FEEDBACK = Setting("BYTEPS_THC_ERROR_FEEDBACK", None, parse_bool,
+                             "1 | 0: THC's error feedback")
+THC: Dict[str, Setting] = {
+    "bits": THC_BITS,
+    "granularity": THC_GRANULARITY,
+    "overflow_prob": THC_OVERFLOW_PROB,
+    "seed": THC_SEED,
+    "rotation_block": THC_ROTATION_BLOCK,
+    "error_feedback": THC_ERROR_FEEDBACK,
+}
+
+# The cluster: ps-lite's and BytePS's own variables, as the launcher sets and checks them
+ROLE = Setting("DMLC_ROLE", None, parse_name, "worker | server | scheduler")
+NUM_WORKER = Setting("DMLC_NUM_WORKER", 1, parse_positive_int, "number of worker machines")
+NUM_SERVER = Setting("DMLC_NUM_SERVER", None, parse_positive_int, "number of servers")
+PS_ROOT_URI = Setting("DMLC_PS_ROOT_URI", None, str, "IP address of the scheduler")
+PS_ROOT_PORT = Setting("DMLC_PS_ROOT_PORT", None, parse_positive_int, "port of the scheduler")
+WORKER_ID = Setting("DMLC_WORKER_ID", 0, parse_nonnegative_int,
+                    "this worker's index, 0..DMLC_NUM_WORKER-1")
+NODE_HOST = Setting("DMLC_NODE_HOST", None, str,
+                    "address this process announces (else DMLC_INTERFACE's)")
+INTERFACE = Setting("DMLC_INTERFACE", None, str, "network interface to use")
+NODE_PORT = Setting("DMLC_NODE_PORT", None, parse_positive_int,
+                    "port this server/worker binds (unset: any free one)")
+VISIBLE_DEVICES = Setting("NVIDIA_VISIBLE_DEVICES", None, str,
+                          "GPUs of this machine: one worker process each")
+LOCAL_SIZE = Setting("BYTEPS_LOCAL_SIZE", None, parse_positive_int,
+                     "worker processes on this machine (default: one per GPU, else 1)")
+LOCAL_RANK = Setting("BYTEPS_LOCAL_RANK", 0, parse_nonnegative_int,
+                     "set by the launcher for each worker process")
+GLOBAL_RANK = Setting("BYTEPS_GLOBAL_RANK", None, parse_nonnegative_int, "set by BytePS")
+FORCE_DISTRIBUTED = Setting("BYTEPS_FORCE_DISTRIBUTED", False, parse_bool,
+                            "use the servers even with one worker")
+THREADPOOL_SIZE = Setting("BYTEPS_THREADPOOL_SIZE", None, parse_nonnegative_int,
+                          "compression threads per worker (the launcher sets it)")
+SOCKET_PATH = Setting("BYTEPS_SOCKET_PATH", None, str,
+                      "directory of BytePS's local UNIX sockets")
+NUMA_ON = Setting("BYTEPS_NUMA_ON", False, parse_bool,
+                  "pin each local worker to CPUs with numactl")
+VISIBLE_CPU_CORES = Setting("BYTEPS_VISIBLE_CPU_CORES", None, str,
+                            "explicit CPU lists per local worker, e.g. 0-3:4-7")
+ENABLE_GDB = Setting("BYTEPS_ENABLE_GDB", False, parse_bool, "run each worker under gdb")
+ENABLE_ASYNC = Setting("BYTEPS_ENABLE_ASYNC", False, parse_bool, "asynchronous training")
+
+# Variables a local cluster decides itself (whatever the caller's environment says is dropped)
+CLUSTER_OWNED = tuple(s.name for s in (
+    ROLE, WORKER_ID, NUM_WORKER, NUM_SERVER, PS_ROOT_URI, PS_ROOT_PORT, NODE_HOST, INTERFACE,
+    NODE_PORT, LOCAL_RANK, LOCAL_SIZE, GLOBAL_RANK, SOCKET_PATH, VISIBLE_DEVICES,
+    VISIBLE_CPU_CORES))
+
+
+def available_cpus() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def threadpool_size(num_local_workers: int, cpus: Optional[int] = None) -> int:
+    """BYTEPS_THREADPOOL_SIZE for one of `num_local_workers` workers sharing this host: its share
+    of the CPUs, at least 1 and at most 4 (BytePS's compression threads)."""
+    cpus = available_cpus() if cpus is None else cpus
+    return max(1, min(4, cpus // max(1, num_local_workers)))

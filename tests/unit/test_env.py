@@ -1,0 +1,41 @@
+"""byteps_thc.env: one parser per variable; bad values are named."""
+import pytest
+
+from byteps_thc import env
+
+
+def test_unset_and_empty_give_the_default():
+    assert env.MIN_COMPRESS_BYTES.get({}) == 65536
+    assert env.MIN_COMPRESS_BYTES.get({"BYTEPS_MIN_COMPRESS_BYTES": "  "}) == 65536
+    assert env.MIN_COMPRESS_BYTES.get({"BYTEPS_MIN_COMPRESS_BYTES": "1024"}) == 1024
+
+
+@pytest.mark.parametrize("text,value", [("1/32", 0.03125), ("0.25", 0.25), (" 1/4 ", 0.25)])
+def test_probability(text, value):
+    assert env.THC_OVERFLOW_PROB.get({"BYTEPS_THC_OVERFLOW_PROB": text}) == value
+
+
+@pytest.mark.parametrize("text", ["0", "1", "1/0", "x", "-0.5"])
+def test_bad_probability_names_variable_and_value(text):
+    with pytest.raises(ValueError, match=r"BYTEPS_THC_OVERFLOW_PROB=.*not valid"):
+        env.THC_OVERFLOW_PROB.get({"BYTEPS_THC_OVERFLOW_PROB": text})
+
+
+def test_bool_and_optional_int():
+    assert env.THC_ERROR_FEEDBACK.get({"BYTEPS_THC_ERROR_FEEDBACK": "off"}) is False
+    assert env.THC_ROTATION_BLOCK.get({"BYTEPS_THC_ROTATION_BLOCK": "0"}) is None
+    assert env.THC_ROTATION_BLOCK.get({"BYTEPS_THC_ROTATION_BLOCK": "1024"}) == 1024
+    with pytest.raises(ValueError, match="BYTEPS_THC_ERROR_FEEDBACK='maybe'"):
+        env.THC_ERROR_FEEDBACK.get({"BYTEPS_THC_ERROR_FEEDBACK": "maybe"})
+
+
+@pytest.mark.parametrize("cpus,workers,size", [(2, 2, 1), (2, 1, 2), (16, 2, 4), (1, 4, 1)])
+def test_threadpool_size(cpus, workers, size):
+    assert env.threadpool_size(workers, cpus=cpus) == size
+
+
+def test_thc_settings_cover_every_config_field():
+    import dataclasses
+
+    from byteps_thc import ThcConfig
+    assert set(env.THC) == {f.name for f in dataclasses.fields(ThcConfig)}
