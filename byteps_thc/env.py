@@ -72,6 +72,16 @@ def parse_name(text: str) -> str:
     return text.strip().lower()
 
 
+def parse_choice(*names: str) -> Callable[[str], str]:
+    """A parser of one of `names` (case and surrounding space ignored)."""
+    def parse(text: str) -> str:
+        name = parse_name(text)
+        if name not in names:
+            raise ValueError(f"{text!r} is not one of {', '.join(names)}")
+        return name
+    return parse
+
+
 # ------------------------------------------------------------------------------------------------
 # Settings
 # ------------------------------------------------------------------------------------------------
@@ -99,11 +109,12 @@ class Setting:
 
 
 # Compression, as bpslaunch's flags set it and the adapters read it
-COMPRESSOR = Setting("BYTEPS_COMPRESSOR", "none", parse_name,
-                     "none | thc | fp16 | onebit | topk | randomk | dithering")
+COMPRESSORS = ("none", "thc", "fp16", "onebit", "topk", "randomk", "dithering")
+COMPRESSOR = Setting("BYTEPS_COMPRESSOR", "none", parse_choice(*COMPRESSORS),
+                     " | ".join(COMPRESSORS))
 COMPRESSOR_K = Setting("BYTEPS_COMPRESSOR_K", None, str,
                        "k of topk/randomk (count or fraction), dithering's levels")
-COMPRESSOR_EF = Setting("BYTEPS_COMPRESSOR_EF", "none", parse_name,
+COMPRESSOR_EF = Setting("BYTEPS_COMPRESSOR_EF", "none", parse_choice("none", "vanilla"),
                         "none | vanilla: error feedback of BytePS's own compressors")
 MIN_COMPRESS_BYTES = Setting("BYTEPS_MIN_COMPRESS_BYTES", 65536, parse_nonnegative_int,
                              "smallest tensor (bytes as pushed) that is compressed")

@@ -39,3 +39,16 @@ def test_thc_settings_cover_every_config_field():
 
     from byteps_thc import ThcConfig
     assert set(env.THC) == {f.name for f in dataclasses.fields(ThcConfig)}
+
+
+def test_compressor_names_are_checked_where_they_are_read():
+    assert env.COMPRESSOR.get({}) == "none"
+    assert env.COMPRESSOR.get({"BYTEPS_COMPRESSOR": " THC "}) == "thc"
+    with pytest.raises(ValueError, match=r"BYTEPS_COMPRESSOR='zip' is not valid: .*dithering"):
+        env.COMPRESSOR.get({"BYTEPS_COMPRESSOR": "zip"})
+    assert env.COMPRESSOR_EF.get({"BYTEPS_COMPRESSOR_EF": "Vanilla"}) == "vanilla"
+    with pytest.raises(ValueError, match="BYTEPS_COMPRESSOR_EF='yes'"):
+        env.COMPRESSOR_EF.get({"BYTEPS_COMPRESSOR_EF": "yes"})
+    assert env.COMPRESSOR_K.get({}) is None
+    assert env.COMPRESSOR_K.get({"BYTEPS_COMPRESSOR_K": " 0.01 "}) == "0.01"
+
