@@ -4,9 +4,9 @@ MXNet adapters (byteps_thc.torch, .tensorflow, .mxnet).
 Each adapter keeps only what touches its tensors (casts, dtype tests, element counts); the rest
 lives here once:
 
-- the environment bpslaunch sets (BYTEPS_COMPRESSOR, BYTEPS_COMPRESSOR_K, BYTEPS_COMPRESSOR_EF,
-  BYTEPS_MIN_COMPRESS_BYTES, BYTEPS_THC_*), read by `compressor_from_env` and
-  `min_compress_bytes`;
+- what bpslaunch chose, from the environment it sets (BYTEPS_COMPRESSOR, BYTEPS_COMPRESSOR_K,
+  BYTEPS_COMPRESSOR_EF, BYTEPS_THC_*): `compressor_from_env`. The variables' names, defaults and
+  parsers are byteps_thc.env's (BYTEPS_MIN_COMPRESS_BYTES too); THC's defaults are ThcConfig's;
 - the kwargs each compressor is declared with in BytePS's C++ registry (`onebit_kwargs`,
   `k_kwargs`, and `ThcConfig.to_kwargs()` for THC): the same strings on every framework;
 - the compressor classes' shared behaviour: `Compressor` (the interface), `RegistryCompressor`
@@ -20,28 +20,15 @@ Nothing here imports a framework.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Dict, Mapping, Optional, Tuple
 
-from .config import ENV as _ENV
+from . import env
 from .config import ThcConfig
 
-ENV_COMPRESSOR = _ENV["compressor"]
-ENV_COMPRESSOR_K = "BYTEPS_COMPRESSOR_K"
-ENV_COMPRESSOR_EF = "BYTEPS_COMPRESSOR_EF"
-ENV_MIN_COMPRESS_BYTES = "BYTEPS_MIN_COMPRESS_BYTES"
-DEFAULT_MIN_COMPRESS_BYTES = 65536  # BytePS's default, bytes of the tensor as pushed
-
-COMPRESSORS = ("none", "fp16", "thc", "onebit", "topk", "randomk", "dithering")
 K_COMPRESSORS = ("topk", "randomk", "dithering")
-THC_PARAMS = ("bits", "granularity", "overflow_prob", "seed", "rotation_block", "error_feedback")
-
-
-def min_compress_bytes(environ: Optional[Mapping[str, str]] = None) -> int:
-    """Tensors smaller than this (bytes as pushed) are declared without compressor kwargs."""
-    env = os.environ if environ is None else environ
-    raw = env.get(ENV_MIN_COMPRESS_BYTES, "")
-    return int(raw) if raw.strip() else DEFAULT_MIN_COMPRESS_BYTES
+THC_PARAMS = tuple(f.name for f in dataclasses.fields(ThcConfig))
 
 
 class LearningRateFile:
@@ -90,16 +77,20 @@ def uses_vanilla_ef(kwargs: Optional[Mapping[str, str]]) -> bool:
 # ------------------------------------------------------------------------------------------------
 # Registry kwargs
 # ------------------------------------------------------------------------------------------------
-def thc_config(bits: int = 4, granularity: int = 30, overflow_prob: float = 1.0 / 32,
-               seed: int = 42, rotation_block: Optional[int] = None, error_feedback: bool = True,
-               config: Optional[ThcConfig] = None) -> ThcConfig:
-    """`config`, or a ThcConfig of these parameters (validated here, before any push)."""
+def thc_config(config: Optional[ThcConfig] = None, **params) -> ThcConfig:
+    """`config`, or a ThcConfig of `params` (its fields: bits, granularity, overflow_prob, seed,
+    rotation_block, error_feedback; ThcConfig's defaults for the others), validated here, before
+    any push."""
+    unknown = sorted(set(params) - set(THC_PARAMS))
+    if unknown:
+        raise TypeError(f"unknown THC parameters {unknown}; known: {list(THC_PARAMS)}")
     if config is not None:
         if not isinstance(config, ThcConfig):
             raise TypeError(f"config must be a ThcConfig, not {type(config).__name__}")
+        if params:
+            raise TypeError(f"give either config or THC parameters, not both ({sorted(params)})")
         return config
-    return ThcConfig(bits=bits, granularity=granularity, overflow_prob=overflow_prob, seed=seed,
-                     rotation_block=rotation_block, error_feedback=error_feedback)
+    return ThcConfig(**params)
 
 
 def onebit_kwargs(scaling: bool = False, error_feedback: bool = False) -> Dict[str, str]:
@@ -125,28 +116,23 @@ def k_kwargs(name: str, k, seed: Optional[int] = None,
 def compressor_from_env(environ: Optional[Mapping[str, str]] = None) -> Tuple[str, object]:
     """What `bpslaunch --compressor` chose, as (name, what): ("none", None), ("fp16", None),
     ("thc", ThcConfig) or (registry name, kwargs)."""
-    env = os.environ if environ is None else environ
-    name = (env.get(ENV_COMPRESSOR) or "none").strip().lower()
-    ef = (env.get(ENV_COMPRESSOR_EF) or "none").strip().lower() == "vanilla"
+    name = env.COMPRESSOR.get(environ)  # one of env.COMPRESSORS, else it raises
+    ef = env.COMPRESSOR_EF.get(environ) == "vanilla"
     if name in ("none", "fp16"):
         return name, None
     if name == "thc":
-        return name, ThcConfig.from_env(env)
+        return name, ThcConfig.from_env(environ)
     if name == "onebit":
         return name, onebit_kwargs(error_feedback=ef)
-    if name in K_COMPRESSORS:
-        k = env.get(ENV_COMPRESSOR_K)
-        if not k:
-            raise ValueError(f"{ENV_COMPRESSOR}={name} needs {ENV_COMPRESSOR_K}")
-        return name, k_kwargs(name, k, error_feedback=ef)
-    raise ValueError(f"{ENV_COMPRESSOR}={name!r} is not one of {', '.join(COMPRESSORS)}")
+    k = env.COMPRESSOR_K.get(environ)  # name is one of K_COMPRESSORS
+    if k is None:
+        raise ValueError(f"{env.COMPRESSOR.name}={name} needs {env.COMPRESSOR_K.name}")
+    return name, k_kwargs(name, k, error_feedback=ef)
 
 
 def thc_repr(config: ThcConfig) -> str:
-    c = config
-    return (f"Compression.thc(bits={c.bits}, granularity={c.granularity}, "
-            f"overflow_prob={c.overflow_prob!r}, seed={c.seed}, "
-            f"rotation_block={c.rotation_block}, error_feedback={c.error_feedback})")
+    fields = ", ".join(f"{f}={getattr(config, f)!r}" for f in THC_PARAMS)
+    return f"Compression.thc({fields})"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -194,7 +180,7 @@ class RegistryCompressor(Compressor):
         if not self.is_floating(tensor):
             return None
         nbytes = self.wire_bytes(tensor)
-        if nbytes is None or nbytes < min_compress_bytes(environ):
+        if nbytes is None or nbytes < env.MIN_COMPRESS_BYTES.get(environ):
             return None
         return dict(self._kwargs)
 
@@ -234,12 +220,11 @@ class CompressionBase:
     _thc_class = None
 
     @classmethod
-    def thc(cls, bits: int = 4, granularity: int = 30, overflow_prob: float = 1.0 / 32,
-            seed: int = 42, rotation_block: Optional[int] = None, error_feedback: bool = True,
-            config: Optional[ThcConfig] = None):
-        """THC with these parameters (or a ready `config`); validated here, before any push."""
-        return cls._thc_class(thc_config(bits, granularity, overflow_prob, seed, rotation_block,
-                                         error_feedback, config))
+    def thc(cls, config: Optional[ThcConfig] = None, **params):
+        """THC with a ready `config`, or with `params` (ThcConfig's fields: bits, granularity,
+        overflow_prob, seed, rotation_block, error_feedback; its defaults for the others);
+        validated here, before any push."""
+        return cls._thc_class(thc_config(config, **params))
 
     @classmethod
     def onebit(cls, scaling: bool = False, error_feedback: bool = False):

@@ -9,17 +9,16 @@ through the same door, with the kwargs every framework uses (`ThcConfig.to_kwarg
                                      compression=bps.Compression.thc(bits=4))
     # or compression_params={"compressor": "thc", "bits": 4}, or `bpslaunch --compressor thc`
 
-Parameters smaller than BYTEPS_MIN_COMPRESS_BYTES travel uncompressed. The patched
+Parameters smaller than BYTEPS_MIN_COMPRESS_BYTES travel uncompressed (every variable's name
+and default is in byteps_thc.env, THC's defaults are ThcConfig's). The patched
 `byteps.mxnet` (csrc/byteps/patches/0094-*) takes DistributedTrainer and Compression from here.
 """
 from __future__ import annotations
 
-import os
 from typing import Mapping, Optional
 
-from .compression import (DEFAULT_MIN_COMPRESS_BYTES, ENV_COMPRESSOR,  # noqa: F401
-                          ENV_MIN_COMPRESS_BYTES, THC_PARAMS, min_compress_bytes, thc_config,
-                          thc_repr)
+from . import env
+from .compression import THC_PARAMS, thc_config, thc_repr
 from .config import ThcConfig
 
 
@@ -36,11 +35,10 @@ class ThcCompression:
         return thc_repr(self.config)
 
 
-def thc(bits: int = 4, granularity: int = 30, overflow_prob: float = 1.0 / 32, seed: int = 42,
-        rotation_block: Optional[int] = None, error_feedback: bool = True,
-        config: Optional[ThcConfig] = None) -> ThcCompression:
-    return ThcCompression(thc_config(bits, granularity, overflow_prob, seed, rotation_block,
-                                     error_feedback, config))
+def thc(config: Optional[ThcConfig] = None, **params) -> ThcCompression:
+    """THC with a ready `config`, or with `params` (ThcConfig's fields; its defaults for the
+    others)."""
+    return ThcCompression(thc_config(config, **params))
 
 
 def from_params(compression_params: Optional[Mapping]) -> Optional[ThcCompression]:
@@ -57,10 +55,9 @@ def from_params(compression_params: Optional[Mapping]) -> Optional[ThcCompressio
 def from_env(environ: Optional[Mapping[str, str]] = None) -> Optional[ThcCompression]:
     """THC when `bpslaunch --compressor thc` chose it (BYTEPS_COMPRESSOR, BYTEPS_THC_*); None
     for anything else (BytePS's own compressors are chosen with compression_params)."""
-    env = os.environ if environ is None else environ
-    if (env.get(ENV_COMPRESSOR) or "none").strip().lower() != "thc":
+    if env.COMPRESSOR.get(environ) != "thc":
         return None
-    return ThcCompression(ThcConfig.from_env(env))
+    return ThcCompression(ThcConfig.from_env(environ))
 
 
 def _make_trainer():
@@ -82,7 +79,7 @@ def _make_trainer():
             chosen = from_env()
         if chosen is not None:
             compression_params = None
-            threshold = min_compress_bytes()
+            threshold = env.MIN_COMPRESS_BYTES.get()
             kwargs = chosen.kwargs()
             for _, param in sorted(params.items()):
                 if param.grad_req == "null" or np.dtype(param.dtype).kind != "f":

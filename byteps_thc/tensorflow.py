@@ -16,7 +16,8 @@ user code stays BytePS's:
     model.fit(x, y, callbacks=[bps.BroadcastGlobalVariablesCallback(0)])
 
 Without `compression=` the compressor is what `bpslaunch --compressor ...` chose
-(`Compression.from_env()`: BYTEPS_COMPRESSOR and BYTEPS_THC_*).
+(`Compression.from_env()`: BYTEPS_COMPRESSOR and BYTEPS_THC_*; every variable's name and default
+is in byteps_thc.env, THC's defaults are ThcConfig's).
 
 Names. BytePS keys a tensor by its name, and every worker must declare the same names in the same
 order. Here every variable gets one stable name for the life of the process, from its Keras path
@@ -29,7 +30,7 @@ named after their graph tensor, as upstream does.
 THC reaches BytePS's C++ compressor registry exactly as in PyTorch: each gradient name is
 declared once with the compressor's kwargs (`ThcConfig.to_kwargs()`), and BytePS's worker
 pipeline compresses every partition; nothing of THC's math runs in Python. Tensors smaller than
-BYTEPS_MIN_COMPRESS_BYTES travel uncompressed.
+BYTEPS_MIN_COMPRESS_BYTES (env.MIN_COMPRESS_BYTES) travel uncompressed.
 
 In eager mode the push_pulls of one gradient list run as one tf.function (cached per list of
 names), so all of them are in flight at once, as they are inside a traced train step.
@@ -40,7 +41,6 @@ compression objects) can be imported, and tested, without a BytePS build.
 from __future__ import annotations
 
 import ctypes
-import os
 import re
 import threading
 import weakref
@@ -49,8 +49,7 @@ from typing import Dict, List, Mapping, Optional, Sequence
 import tensorflow as tf
 
 from . import compression as _c
-from .compression import (DEFAULT_MIN_COMPRESS_BYTES, ENV_COMPRESSOR, ENV_COMPRESSOR_EF,  # noqa: F401
-                          ENV_COMPRESSOR_K, ENV_MIN_COMPRESS_BYTES, Compressor, min_compress_bytes)
+from .compression import Compressor
 from .config import ThcConfig  # noqa: F401 - part of this module's namespace
 
 Average = "Average"
@@ -594,5 +593,5 @@ __all__ = ["Compression", "Compressor", "NoneCompressor", "FP16Compressor", "Reg
            "ThcCompressor", "push_pull", "broadcast", "broadcast_variables",
            "broadcast_global_variables", "DistributedGradientTape", "DistributedOptimizer",
            "BroadcastGlobalVariablesCallback", "MetricAverageCallback", "declare",
-           "declared_names", "variable_name", "min_compress_bytes", "set_learning_rate",
+           "declared_names", "variable_name", "set_learning_rate",
            "Average", "Sum"]

@@ -11,7 +11,8 @@ The patched `byteps.torch` takes `Compression`, `DistributedOptimizer`, `broadca
     bps.broadcast_optimizer_state(opt, root_rank=0)
 
 Without a `compression=` argument the optimizer uses what `bpslaunch --compressor ...` chose
-(BYTEPS_COMPRESSOR and BYTEPS_THC_*, read once by `Compression.from_env`).
+(BYTEPS_COMPRESSOR and BYTEPS_THC_*, read once by `Compression.from_env`; every variable's name
+and default is in byteps_thc.env, THC's defaults are ThcConfig's).
 
 Two kinds of compressor:
 - framework compressors (`none`, `fp16`) change the tensor handed to BytePS (a cast) and undo it;
@@ -20,7 +21,7 @@ Two kinds of compressor:
   compressor registered under that name, and the server sums (THC: integer sums of table values,
   never decompressing). Nothing of THC's math runs in Python: the norm round, the error-feedback
   state and the packing live in the pipeline. Tensors smaller than BYTEPS_MIN_COMPRESS_BYTES
-  (default 65536) are declared without kwargs and travel uncompressed.
+  (env.MIN_COMPRESS_BYTES) are declared without kwargs and travel uncompressed.
 
 This module imports `byteps.torch.ops` only when a function needs it, so that `byteps.torch`
 can import this module while it initialises, and so that the compression objects can be used
@@ -30,14 +31,13 @@ from __future__ import annotations
 
 import collections.abc
 import contextlib
-import os
-from typing import Dict, Iterable, Mapping, Optional, Tuple
+from typing import Dict, Mapping, Optional, Tuple
 
 import torch
 
 from . import compression as _c
-from .compression import (DEFAULT_MIN_COMPRESS_BYTES, ENV_COMPRESSOR, ENV_COMPRESSOR_EF,  # noqa: F401
-                          ENV_COMPRESSOR_K, ENV_MIN_COMPRESS_BYTES, Compressor, min_compress_bytes)
+from . import env
+from .compression import Compressor
 from .config import ThcConfig  # noqa: F401 - part of this module's namespace
 
 # dtypes BytePS's torch plugin pushes as they are; others (bfloat16) travel as float32.
@@ -145,9 +145,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         ops = _ops()
         self._compression = compression
         self.backward_passes_per_step = backward_passes_per_step
-        self._enable_async = int(os.environ.get("BYTEPS_ENABLE_ASYNC", "0") or 0) != 0
+        self._enable_async = env.ENABLE_ASYNC.get()
         if self._enable_async:
-            raise ValueError("BYTEPS_ENABLE_ASYNC is not supported by byteps-thc's "
+            raise ValueError(f"{env.ENABLE_ASYNC.name} is not supported by byteps-thc's "
                              "DistributedOptimizer")
 
         named = list(named_parameters) if named_parameters is not None else []
@@ -424,4 +424,4 @@ def _rebuild(like, flat: list):
 
 __all__ = ["Compression", "Compressor", "NoneCompressor", "FP16Compressor", "RegistryCompressor",
            "ThcCompressor", "DistributedOptimizer", "broadcast_parameters",
-           "broadcast_optimizer_state", "declare", "min_compress_bytes"]
+           "broadcast_optimizer_state", "declare"]

@@ -2,6 +2,7 @@
 import pytest
 
 from byteps_thc import compression as c
+from byteps_thc import env
 from byteps_thc.config import ThcConfig
 
 
@@ -20,6 +21,8 @@ def test_from_env_reads_what_bpslaunch_sets():
         c.compressor_from_env({"BYTEPS_COMPRESSOR": "randomk"})
     with pytest.raises(ValueError, match="'zip'"):
         c.compressor_from_env({"BYTEPS_COMPRESSOR": "zip"})
+    with pytest.raises(ValueError, match="BYTEPS_COMPRESSOR_EF='classic'"):
+        c.compressor_from_env({"BYTEPS_COMPRESSOR": "onebit", "BYTEPS_COMPRESSOR_EF": "classic"})
 
 
 def test_registry_kwargs():
@@ -32,8 +35,14 @@ def test_registry_kwargs():
     assert c.thc_config(config=cfg) is cfg
     with pytest.raises(TypeError):
         c.thc_config(config={"bits": 4})
-    assert c.min_compress_bytes({}) == 65536
-    assert c.min_compress_bytes({"BYTEPS_MIN_COMPRESS_BYTES": "0"}) == 0
+    assert env.MIN_COMPRESS_BYTES.get({}) == 65536
+    assert env.MIN_COMPRESS_BYTES.get({"BYTEPS_MIN_COMPRESS_BYTES": "0"}) == 0
+    # THC's parameters are ThcConfig's fields, its defaults the dataclass's; config or fields
+    assert c.thc_config() == ThcConfig()
+    with pytest.raises(TypeError, match="bitz"):
+        c.thc_config(bitz=4)
+    with pytest.raises(TypeError, match="not both"):
+        c.thc_config(config=cfg, bits=3)
 
 
 def test_compression_base_with_a_toy_adapter():
@@ -58,6 +67,12 @@ def test_compression_base_with_a_toy_adapter():
     assert thc.kwargs((True, 1 << 20)) == ThcConfig(bits=3, granularity=14).to_kwargs()
     assert thc.kwargs((True, 100)) is None and thc.kwargs((False, 1 << 20)) is None
     assert thc.kwargs((True, None)) is None
+    assert thc.kwargs((True, 100), {"BYTEPS_MIN_COMPRESS_BYTES": "64"}) is not None
+    with pytest.raises(ValueError, match="BYTEPS_MIN_COMPRESS_BYTES='-1'"):
+        thc.kwargs((True, 100), {"BYTEPS_MIN_COMPRESS_BYTES": "-1"})
+    assert repr(Compression.thc()) == ("Compression.thc(bits=4, granularity=30, "
+                                       "overflow_prob=0.03125, seed=42, rotation_block=None, "
+                                       "error_feedback=True)")
     assert Compression.from_env({}) is Compression.none
     d = Compression.dithering(2, seed=1)
     assert type(d) is Registry and d.kwargs((True, 1 << 20))["compressor_type"] == "dithering"

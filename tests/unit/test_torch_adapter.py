@@ -171,6 +171,19 @@ def test_optimizer_uses_the_launcher_choice_by_default(fake_ops, monkeypatch):
     assert dict(fake_ops.declared)["Gradient.0.weight"]["thc_seed"] == "77"
 
 
+@pytest.mark.parametrize("value,refused", [("1", True), ("yes", True), ("0", False), ("", False)])
+def test_async_training_is_refused_by_name(fake_ops, monkeypatch, value, refused):
+    monkeypatch.setenv("BYTEPS_ENABLE_ASYNC", value)
+    model = _model()
+    make = lambda: bt.DistributedOptimizer(  # noqa: E731
+        torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters())
+    if refused:
+        with pytest.raises(ValueError, match="BYTEPS_ENABLE_ASYNC is not supported"):
+            make()
+    else:
+        assert make()._enable_async is False
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_training_step_averages_and_keeps_dtypes(fake_ops, dtype):
     model = _model(dtype)
