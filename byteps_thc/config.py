@@ -1,7 +1,9 @@
 """ThcConfig: the one configuration object of THC.
 
-It validates once, reads the BYTEPS_THC_* environment in one place (`from_env`), serialises once
-for BytePS (`to_kwargs`, which the workers send to the server) and is passed down to every codec.
+It validates once, reads the BYTEPS_THC_* environment in one place (`from_env`, through the
+settings of byteps_thc.env, which own the variables' names and parsers), serialises once for
+BytePS (`to_kwargs`, which the workers send to the server) and is passed down to every codec.
+The dataclass's defaults are THC's defaults; nothing else restates them.
 Every worker and the server must hold the same configuration; `fingerprint()` is what they compare.
 """
 from __future__ import annotations
@@ -9,21 +11,10 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
-import os
 from typing import Mapping, Optional
 
+from . import env
 from .tables import _check, clip_threshold, expected_error, solve_table
-
-# Every environment variable THC reads, in one place. `bpslaunch --thc-*` flags set these.
-ENV = {
-    "compressor": "BYTEPS_COMPRESSOR",             # none | thc | fp16 | onebit | ...
-    "bits": "BYTEPS_THC_BITS",
-    "granularity": "BYTEPS_THC_GRANULARITY",
-    "overflow_prob": "BYTEPS_THC_OVERFLOW_PROB",
-    "seed": "BYTEPS_THC_SEED",
-    "rotation_block": "BYTEPS_THC_ROTATION_BLOCK",
-    "error_feedback": "BYTEPS_THC_ERROR_FEEDBACK",
-}
 
 _LANE_MAX = {8: 0xFF, 16: 0xFFFF, 32: 0xFFFFFFFF}
 
@@ -118,31 +109,25 @@ class ThcConfig:
 
     @classmethod
     def from_env(cls, environ: Optional[Mapping[str, str]] = None) -> "ThcConfig":
-        """The configuration `bpslaunch --thc-*` set (BYTEPS_THC_*); defaults for what is unset."""
-        env = os.environ if environ is None else environ
-        kw = {}
-        for field, conv in (("bits", int), ("granularity", int), ("overflow_prob", _prob),
-                            ("seed", int), ("rotation_block", _opt_int), ("error_feedback", _bool)):
-            raw = env.get(ENV[field])
-            if raw is None or raw == "":
-                continue
-            try:
-                kw[field] = conv(raw)
-            except ValueError as e:
-                raise ValueError(f"{ENV[field]}={raw!r} is not valid: {e}") from None
-        return cls(**kw)
+        """The configuration `bpslaunch --thc-*` set (env.THC: BYTEPS_THC_*); ThcConfig's defaults
+        for what is unset. A value that does not parse raises with the variable named."""
+        return cls(**{field: setting.get(environ) for field, setting in env.THC.items()
+                      if setting.is_set(environ)})
 
     def to_env(self) -> dict:
-        """The BYTEPS_THC_* variables that reproduce this configuration (launcher side)."""
-        return {
-            ENV["compressor"]: "thc",
-            ENV["bits"]: str(self.bits),
-            ENV["granularity"]: str(self.granularity),
-            ENV["overflow_prob"]: repr(self.overflow_prob),
-            ENV["seed"]: str(self.seed),
-            ENV["rotation_block"]: str(self.rotation_block or 0),
-            ENV["error_feedback"]: "1" if self.error_feedback else "0",
-        }
+        """The variables that choose THC with this configuration (launcher side): BYTEPS_COMPRESSOR
+        and every BYTEPS_THC_*, in the text their parsers in byteps_thc.env read back."""
+        out = {env.COMPRESSOR.name: "thc"}
+        for field, setting in env.THC.items():
+            value = getattr(self, field)
+            if isinstance(value, bool):
+                text = "1" if value else "0"
+            elif value is None:
+                text = "0"  # rotation_block: 0 reads back as None, the whole partition
+            else:
+                text = repr(value)  # int as is; float round-trips exactly
+            out[setting.name] = text
+        return out
 
     def to_kwargs(self) -> dict:
         """BytePS compressor kwargs (strings), as the worker declares them and the server reads them.
@@ -186,28 +171,6 @@ class ThcConfig:
                 f"rotation_block={self.rotation_block or 'partition'} "
                 f"error_feedback={'on' if self.error_feedback else 'off'}; "
                 f"table={list(self.table)}; expected error/coordinate={err:.4f}")
-
-
-def _prob(raw: str) -> float:
-    raw = raw.strip()
-    if "/" in raw:
-        num, den = raw.split("/", 1)
-        return float(num) / float(den)
-    return float(raw)
-
-
-def _opt_int(raw: str) -> Optional[int]:
-    v = int(raw)
-    return v or None
-
-
-def _bool(raw: str) -> bool:
-    low = raw.strip().lower()
-    if low in ("1", "true", "yes", "on"):
-        return True
-    if low in ("0", "false", "no", "off"):
-        return False
-    raise ValueError("use 1/0, true/false, yes/no or on/off")
 
 
 def next_pow2(n: int) -> int:

@@ -1,8 +1,7 @@
 """ThcConfig: validation, environment, kwargs round trip, for_workers."""
 import pytest
 
-from byteps_thc import ThcConfig
-from byteps_thc.config import ENV
+from byteps_thc import ThcConfig, env
 
 
 def test_defaults_are_the_papers():
@@ -35,7 +34,7 @@ def test_env_round_trip():
                   error_feedback=False)
     assert ThcConfig.from_env(c.to_env()) == c
     assert ThcConfig.from_env({}) == ThcConfig()
-    assert ThcConfig.from_env({ENV["overflow_prob"]: "1/128"}).overflow_prob == 1 / 128
+    assert ThcConfig.from_env({env.THC_OVERFLOW_PROB.name: "1/128"}).overflow_prob == 1 / 128
 
 
 def test_env_errors_name_the_variable():

@@ -52,3 +52,23 @@ def test_compressor_names_are_checked_where_they_are_read():
     assert env.COMPRESSOR_K.get({}) is None
     assert env.COMPRESSOR_K.get({"BYTEPS_COMPRESSOR_K": " 0.01 "}) == "0.01"
 
+
+def test_thc_config_reads_and_writes_exactly_these_names():
+    from byteps_thc import ThcConfig
+    written = ThcConfig(rotation_block=1024, error_feedback=False).to_env()
+    assert set(written) == {"BYTEPS_COMPRESSOR", "BYTEPS_THC_BITS", "BYTEPS_THC_GRANULARITY",
+                            "BYTEPS_THC_OVERFLOW_PROB", "BYTEPS_THC_SEED",
+                            "BYTEPS_THC_ROTATION_BLOCK", "BYTEPS_THC_ERROR_FEEDBACK"}
+    assert written["BYTEPS_COMPRESSOR"] == "thc"
+    assert written["BYTEPS_THC_ERROR_FEEDBACK"] == "0"
+    assert written["BYTEPS_THC_ROTATION_BLOCK"] == "1024"
+    assert written["BYTEPS_THC_OVERFLOW_PROB"] == "0.03125"
+    assert ThcConfig().to_env()["BYTEPS_THC_ROTATION_BLOCK"] == "0"   # 0 reads back as None
+    # every value written parses with its variable's own Setting
+    assert {f: s.get(written) for f, s in env.THC.items()} == {
+        "bits": 4, "granularity": 30, "overflow_prob": 1 / 32, "seed": 42,
+        "rotation_block": 1024, "error_feedback": False}
+    # unset variables leave ThcConfig's defaults; a bad one is named with its value
+    assert ThcConfig.from_env({"BYTEPS_THC_SEED": "7"}) == ThcConfig(seed=7)
+    with pytest.raises(ValueError, match="BYTEPS_THC_OVERFLOW_PROB='2'"):
+        ThcConfig.from_env({"BYTEPS_THC_OVERFLOW_PROB": "2"})
