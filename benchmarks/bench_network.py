@@ -3,12 +3,12 @@
 
 Run as root (network namespaces, tc). It builds its own cluster on this host: one network
 namespace per worker and one for the server and scheduler, joined by a bridge, every link
-rate-limited with tbf (byteps_thc.netem; addresses from 198.18.0.0/15 only), and runs the real
+rate-limited with tbf (benchmarks/netem.py; addresses from 198.18.0.0/15 only), and runs the real
 roles there with `bpslaunch` (its non-local mode, DMLC_* environment) under `ip netns exec`.
 Everything it creates is removed at the end, also on Ctrl-C / SIGTERM.
 
-    sudo .venv/bin/python scripts/bench_network.py --json results.json --plot docs/img
-    sudo .venv/bin/python scripts/bench_network.py --workloads resnet50 --bandwidths 1 \\
+    sudo .venv/bin/python benchmarks/bench_network.py --json results.json --plot benchmarks/results
+    sudo .venv/bin/python benchmarks/bench_network.py --workloads resnet50 --bandwidths 1 \\
         --compressors none,thc
 
 Workloads
@@ -56,8 +56,8 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 from byteps_thc import advise  # noqa: E402
-from byteps_thc.netem import (CleanupOnSignal, EmulatedNetwork, NetemError,  # noqa: E402
-                              available, cleanup_stale, measure_tcp)
+from benchmarks.netem import (CleanupOnSignal, EmulatedNetwork, available,  # noqa: E402
+                              cleanup_stale, measure_tcp)
 from byteps_thc.stackcost import launcher_flags  # noqa: E402  (bpslaunch flags of a spec)
 
 DIGITS = os.path.join(ROOT, "example", "pytorch", "train_digits.py")
