@@ -323,7 +323,7 @@ def _scenario(model: str, bw: float, link_gbit: float, compute_ms: float,
     """What the advisor is asked about a replay run: every process on this host's cores."""
     tensors = [math.prod(s) for s in replay_shapes(model)]
     return predict.Scenario(tensors, bw, compute_ms / 1e3, workers,
-                           efficiency=min(1.0, link_gbit / bw), cores=os.cpu_count())
+                            efficiency=min(1.0, link_gbit / bw), cores=os.cpu_count())
 
 
 def _predicted(pred: predict.Prediction) -> dict:
