@@ -43,6 +43,7 @@ from . import replay
 from .costs import HostCosts, host_key, load_costs, measure_elem_costs, partition_cpu
 from .wire import codec_elems, launcher_flags, parse_spec, partitions, wire_bytes
 
+RESULT_TAG = replay.RESULT_TAG                # the line a replay worker prints its result on
 # one BytePS partition each (BYTEPS_PARTITION_BYTES 4096000 / 4): every push is one full message
 DEFAULT_TENSORS = (1024000,) * 8
 
@@ -200,7 +201,7 @@ def measure(spec_text: str = "none", tensors: Sequence[int] = DEFAULT_TENSORS, s
         for t in threads:
             t.join(timeout=5)
         shutil.rmtree(run_dir, ignore_errors=True)
-    results = replay.results(lines)
+    results = [json.loads(ln[len(RESULT_TAG):]) for ln in lines if ln.startswith(RESULT_TAG)]
     if p.returncode != 0 or len(results) != workers:
         raise RuntimeError(f"stack calibration ({spec_text}) failed (exit {p.returncode}):\n"
                            + "\n".join(lines[-12:]))
