@@ -65,6 +65,9 @@ class StackCost:
     down_bytes: float
     workers: int = 2
     foreign_cpu_s: float = 0.0  # host busy time neither the cluster's nor this process's, per step
+    # both workers, per step, as this process's /proc samples saw them: the same CPU as
+    # worker_cpu_s through the path the server's figure takes (a cross-check of that path)
+    worker_cpu_sampled_s: float = 0.0
 
     @property
     def payload_bytes(self) -> float:
@@ -221,13 +224,14 @@ def measure(spec_text: str = "none", tensors: Sequence[int] = DEFAULT_TENSORS, s
     busy = (_interp(samples, w1, lambda s: s[2]) - _interp(samples, w0, lambda s: s[2])) / steps
     me = (_interp(samples, w1, lambda s: s[3]) - _interp(samples, w0, lambda s: s[3])) / steps
     foreign = max(0.0, busy - wcpu - server - other - me)
+    sampled = role_cpu("worker") / steps
     if log:
         log(f"stack {spec.label}: {per * 1e3:.1f} ms/step, CPU per step workers "
             f"{wcpu * 1e3:.1f} ms, server {server * 1e3:.1f} ms, other {other * 1e3:.1f} ms, "
             f"host busy {busy * 1e3:.1f} ms (others {foreign * 1e3:.1f} ms); payload "
             f"{workers * (up + down) / 1e6:.1f} MB/step")
     return StackCost(spec.label, [int(n) for n in tensors], steps, per, wcpu, server, other,
-                     busy, up, down, workers, foreign)
+                     busy, up, down, workers, foreign, sampled)
 
 
 # The calibration the advisor uses (host.measure_costs; `--calibrate`): two uncompressed runs

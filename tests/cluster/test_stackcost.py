@@ -32,6 +32,17 @@ def _cpu_within_host_busy(res):
     assert 0 < cluster <= 1.1 * busy + slack, (cluster, busy, slack)
 
 
+def _workers_own_cpu_matches_the_samples(res):
+    """The workers' CPU two ways: their own os.times over their windows, and this process's
+    /proc/<pid>/stat samples of the processes with DMLC_ROLE=worker, interpolated to the window
+    (the path the server's and the others' figures take). They must agree: a process missed or
+    counted twice, a role mixed up or ticks taken for seconds would part them. Bound: 10% (the
+    ends interpolated between 0.2-0.3 s samples) plus 16 clock ticks (utime and stime of two
+    workers, in whole ticks, at both ends, each way)."""
+    own, sampled = res.worker_cpu_s * res.steps, res.worker_cpu_sampled_s * res.steps
+    assert abs(sampled - own) <= 0.1 * own + 16 * TICK, (own, sampled)
+
+
 def test_a_calibration_run_measures_every_role():
     tensors = [1024000] * 4 + [16000]
     res = calibrate.measure("none", tensors, steps=8, warmup=1, timeout_s=180)
@@ -45,6 +56,7 @@ def test_a_calibration_run_measures_every_role():
     assert res.server_cpu_s > 0
     assert 0 <= res.other_cpu_s < res.worker_cpu_s + res.server_cpu_s
     _cpu_within_host_busy(res)
+    _workers_own_cpu_matches_the_samples(res)
 
 
 def test_a_compressed_calibration_run():
@@ -55,3 +67,4 @@ def test_a_compressed_calibration_run():
     assert (res.up_bytes, res.down_bytes) == (8 * pairs, 8 * pairs)
     assert res.worker_cpu_s > 0 and res.server_cpu_s > 0
     _cpu_within_host_busy(res)
+    _workers_own_cpu_matches_the_samples(res)
