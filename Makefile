@@ -15,7 +15,7 @@ help:
 	@echo "make test   - set everything up, then run the tests"
 	@echo "make ext    - build the codec extension byteps_thc._C"
 	@echo "make byteps - build and install the BytePS fork (pinned sdist + our patches)"
-	@echo "make bench  - codec benchmark (scripts/bench_codec.py)"
+	@echo "make bench  - codec benchmark (benchmarks/bench_codec.py)"
 	@echo "make test-tf    - the TensorFlow tests alone (make test runs them too)"
 	@echo "make test-upstream-bugs - each upstream bug's test fails without its patch (3 builds)"
 	@echo "make test-mxnet - MXNet in its own environment (.cache/venv-mxnet; not part of make test)"
@@ -55,7 +55,7 @@ demo: ext byteps
 	$(PY) scripts/demo.py
 
 bench: ext
-	$(PY) scripts/bench_codec.py
+	$(PY) benchmarks/bench_codec.py
 
 clean:
 	rm -rf build $(EXT) byteps_thc/_C*.so

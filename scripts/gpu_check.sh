@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One prepared check for a lent GPU machine (no internet; its image has PyTorch cu13x, nvcc 13,
 # pybind11, pytest): build byteps_thc._C in place with the CUDA kernels using the system python3
-# (not .venv), run tests/unit (tests/unit/test_cuda.py first), run scripts/bench_cuda.py, and write
-# a log and JSON results into OUTDIR. About 4-6 minutes on one H200 with 16 cores. (The CPU
+# (not .venv), run tests/unit (tests/unit/test_cuda.py first), run benchmarks/bench_cuda.py, and
+# write a log and JSON results into OUTDIR. About 4-6 minutes on one H200 with 16 cores. (The CPU
 # emulation tests of test_cuda.py are left out there: the GPU runs the kernels themselves.)
 #
 #   scripts/gpu_check.sh OUTDIR
@@ -48,8 +48,8 @@ if [ "$BUILD_RC" = 0 ]; then
   timeout 120 "$PY" -m pytest -p no:cacheprovider -q -rfE tests/unit \
       --ignore=tests/unit/test_cuda.py --junitxml="$OUT/junit_unit.xml"
   UNIT_RC=$?
-  step "scripts/bench_cuda.py"
-  timeout 150 "$PY" scripts/bench_cuda.py --json "$OUT/bench.json"
+  step "benchmarks/bench_cuda.py"
+  timeout 150 "$PY" benchmarks/bench_cuda.py --json "$OUT/bench.json"
   BENCH_RC=$?
 fi
 

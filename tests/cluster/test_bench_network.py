@@ -1,4 +1,4 @@
-"""Smoke tests of the emulated-network benchmark (scripts/bench_network.py, byteps_thc.netem).
+"""Smoke tests of the emulated-network benchmark: benchmarks/bench_network.py, benchmarks/netem.py.
 
 The network tests need root and iproute2 (`ip`, `tc`); the cluster test also needs the BytePS
 fork (`make byteps`). Each is skipped, saying why, when its needs are not met. Everything they
@@ -13,10 +13,10 @@ import time
 
 import pytest
 
-from byteps_thc import netem
+from benchmarks import bench_network, netem
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-BENCH = os.path.join(ROOT, "scripts", "bench_network.py")
+BENCH = os.path.join(ROOT, "benchmarks", "bench_network.py")
 
 needs_net = pytest.mark.skipif(netem.available() is not None,
                                reason=f"emulated network unavailable: {netem.available()}")
@@ -62,7 +62,7 @@ def test_rate_limited_link_and_cleanup():
 
 @needs_net
 def test_killed_run_leaves_nothing_after_cleanup_stale():
-    code = ("import sys, time; sys.path.insert(0, %r); from byteps_thc import netem; "
+    code = ("import sys, time; sys.path.insert(0, %r); from benchmarks import netem; "
             "n = netem.EmulatedNetwork(['a']); n.create(); print(n.prefix, flush=True); "
             "time.sleep(60)" % ROOT)
     p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
@@ -79,11 +79,6 @@ def test_killed_run_leaves_nothing_after_cleanup_stale():
 def _fork_missing():
     if netem.available() is not None:
         return f"emulated network unavailable: {netem.available()}"
-    sys.path.insert(0, os.path.join(ROOT, "scripts"))
-    try:
-        import bench_network
-    finally:
-        sys.path.pop(0)
     why = bench_network.preflight()
     if why is None and not _fork_has_thc():
         why = "the installed BytePS fork has no THC compressor yet (make byteps)"
@@ -114,7 +109,7 @@ def test_bench_smoke_tiny_model_two_compressors(tmp_path):
          "--run-timeout", "45", "--json", str(out), "--plot", str(tmp_path / "img"),
          "--logdir", str(tmp_path / "logs"),
          # the committed costs: a host's first own calibration takes minutes (not this test's)
-         "--costs", os.path.join(ROOT, "docs", "img", "advise-costs-median3.json")],
+         "--costs", os.path.join(ROOT, "tests", "data", "advise-costs-median3.json")],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         text, _ = p.communicate(timeout=110)

@@ -1,16 +1,27 @@
-"""The advisor's step-time model, with injected per-element costs (deterministic, no timing)."""
+"""The advisor's step-time model (byteps_thc.advisor), with injected per-element costs
+(deterministic, no timing)."""
+import ast
+import json
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 
 from byteps_thc import ThcConfig
-from byteps_thc import advise
-from byteps_thc.advise import CompressorSpec, HostCosts, Scenario, parse_spec, predict, predict_one
+from byteps_thc.advisor import calibrate, cli, costs, host, models, replay, wire
+from byteps_thc.advisor.costs import LARGE_TENSOR_BYTES, HostCosts
+from byteps_thc.advisor.predict import Scenario, predict, predict_one, recommend
+from byteps_thc.advisor.wire import CompressorSpec, parse_spec
+from byteps_thc.config import next_pow2
 
-ZERO = HostCosts({k: 0.0 for k in advise.COST_KEYS}, "zero")
+ZERO = HostCosts({k: 0.0 for k in costs.COST_KEYS}, "zero")
 # a host where every operation costs 1 ns per element and THC's encode/decode 5 ns
-ONE_NS = HostCosts(dict({k: 1e-9 for k in advise.COST_KEYS}, thc_encode=5e-9, thc_decode=5e-9),
+ONE_NS = HostCosts(dict({k: 1e-9 for k in costs.COST_KEYS}, thc_encode=5e-9, thc_decode=5e-9),
                    "1ns")
+# the published parameter counts (torchvision's resnet50 and vgg16, Hugging Face bert-base-uncased)
+PARAM_COUNTS = {"resnet50": 25557032, "vgg16": 138357544, "bert-base": 109482240}
 M = 1 << 20            # elements of one large tensor
 
 
@@ -22,39 +33,40 @@ def sc(**kw):
 
 
 def test_model_shapes_have_the_published_parameter_counts():
-    for name, count in advise.PARAM_COUNTS.items():
-        assert sum(advise.model_tensors(name)) == count
-    assert len(advise.model_shapes("resnet50")) == 161     # weights, biases, BN gamma/beta
-    assert len(advise.model_shapes("bert-base")) == 199
+    assert set(PARAM_COUNTS) == set(models.MODELS)
+    for name, count in PARAM_COUNTS.items():
+        assert sum(models.model_tensors(name)) == count
+    assert len(models.model_shapes("resnet50")) == 161     # weights, biases, BN gamma/beta
+    assert len(models.model_shapes("bert-base")) == 199
 
 
 def test_partitions_follow_byteps_rules():
-    parts = advise.partitions([1024000 * 2 + 10, 100], partition_bytes=4096000,
+    parts = wire.partitions([1024000 * 2 + 10, 100], partition_bytes=4096000,
                               min_compress_bytes=65536)
     assert parts == [(1024000, True), (1024000, True), (10, True), (100, False)]
 
 
 def test_wire_bytes_per_compressor():
     d = 1 << 20
-    assert advise.wire_bytes(CompressorSpec("none"), d, True, 2) == (4 * d, 4 * d)
-    assert advise.wire_bytes(CompressorSpec("fp16"), d, True, 2) == (2 * d, 2 * d)
+    assert wire.wire_bytes(CompressorSpec("none"), d, True, 2) == (4 * d, 4 * d)
+    assert wire.wire_bytes(CompressorSpec("fp16"), d, True, 2) == (2 * d, 2 * d)
     # THC: b bits up, the lane (8 bits for n*g <= 255) down
-    assert advise.wire_bytes(CompressorSpec("thc"), d, True, 2) == (d / 2, d)
-    assert advise.wire_bytes(CompressorSpec("thc"), d, True, 9) == (d / 2, 2 * d)  # 9*30 > 255
+    assert wire.wire_bytes(CompressorSpec("thc"), d, True, 2) == (d / 2, d)
+    assert wire.wire_bytes(CompressorSpec("thc"), d, True, 9) == (d / 2, 2 * d)  # 9*30 > 255
     # padded to the rotation block (next power of two)
-    up, down = advise.wire_bytes(CompressorSpec("thc"), 1024000, True, 2)
+    up, down = wire.wire_bytes(CompressorSpec("thc"), 1024000, True, 2)
     assert (up, down) == ((1 << 20) / 2, 1 << 20)
     # small tensors travel uncompressed whatever the compressor (but fp16 casts everything)
-    assert advise.wire_bytes(CompressorSpec("thc"), 100, False, 2) == (400, 400)
-    assert advise.wire_bytes(CompressorSpec("onebit"), d, True, 2) == (d / 8 + 4, d / 8 + 4)
-    assert advise.wire_bytes(parse_spec("topk-0.01"), d, True, 2) == (8 * int(0.01 * d),) * 2
-    assert advise.wire_bytes(parse_spec("randomk-1000"), d, True, 2) == (8000, 8000)
-    up, _ = advise.wire_bytes(parse_spec("dithering-8"), d, True, 2, dithering_rate=4.0)
+    assert wire.wire_bytes(CompressorSpec("thc"), 100, False, 2) == (400, 400)
+    assert wire.wire_bytes(CompressorSpec("onebit"), d, True, 2) == (d / 8 + 4, d / 8 + 4)
+    assert wire.wire_bytes(parse_spec("topk-0.01"), d, True, 2) == (8 * int(0.01 * d),) * 2
+    assert wire.wire_bytes(parse_spec("randomk-1000"), d, True, 2) == (8000, 8000)
+    up, _ = wire.wire_bytes(parse_spec("dithering-8"), d, True, 2, dithering_rate=4.0)
     assert up == d * 4 / 8 + 8
 
 
 def test_dithering_rate_grows_with_levels():
-    rates = [advise.dithering_bits_per_element(s) for s in (2, 4, 8, 16)]
+    rates = [wire.dithering_bits_per_element(s) for s in (2, 4, 8, 16)]
     assert rates == sorted(rates) and 1 < rates[0] < rates[-1] < 8
 
 
@@ -62,7 +74,7 @@ def test_network_bound_step_time_is_exact_without_cpu_costs():
     # 25 Mi floats, 2 workers, 1 Gbit/s: the server link carries 2 x 100 MiB each way (overlapped)
     p = predict_one(sc(), CompressorSpec("none"), ZERO)
     bw = 1e9 / 8
-    parts = advise.partitions([25 * M])
+    parts = wire.partitions([25 * M])
     fill = 2 * 2 * 4 * max(n for n, _ in parts) / bw
     assert p.network_s == pytest.approx(2 * 4 * 25 * M / bw + fill)
     assert p.step_s == pytest.approx(0.1 + p.network_s)
@@ -86,7 +98,7 @@ def test_compression_loses_when_the_network_is_fast_and_cpu_is_slow():
     assert preds[0].compressor == "none"
     thc = [p for p in preds if p.compressor == "thc"][0]
     assert thc.bound == "cpu" and thc.speedup < 1
-    assert "none wins" in advise.recommend(preds)
+    assert "none wins" in recommend(preds)
 
 
 def test_shared_host_serialises_cpu_work():
@@ -116,15 +128,15 @@ def test_byteps_compressors_pay_server_recompression_thc_does_not():
     n = 8
     thc = predict_one(sc(workers=n), CompressorSpec("thc"), ONE_NS)
     onebit = predict_one(sc(workers=n), CompressorSpec("onebit"), ONE_NS)
-    elems = sum(e for e, _ in advise.partitions([25 * M]))
-    padded = sum(advise._next_pow2(e) for e, _ in advise.partitions([25 * M]))
+    elems = sum(e for e, _ in wire.partitions([25 * M]))
+    padded = sum(next_pow2(e) for e, _ in wire.partitions([25 * M]))
     assert thc.server_cpu_s == pytest.approx(n * 1e-9 * padded)   # lookup+add, padded lengths
     assert onebit.server_cpu_s == pytest.approx((n * 2e-9 + 1e-9) * elems)         # dec+add, enc
 
 
 def test_for_workers_config_changes_lane_and_bytes():
     spec = CompressorSpec("thc", thc=ThcConfig.for_workers(16, downstream_bits=16), label="thc-n")
-    up, down = advise.wire_bytes(spec, 1 << 20, True, 16)
+    up, down = wire.wire_bytes(spec, 1 << 20, True, 16)
     assert down == 2 * (1 << 20)
     assert parse_spec("thc-n", 4).thc == ThcConfig.for_workers(4)
 
@@ -141,23 +153,22 @@ def test_parse_spec_and_errors():
 
 
 def test_parse_bytes():
-    assert advise.parse_bytes("102M") == 102_000_000
-    assert advise.parse_bytes("1MiB") == 1 << 20
-    assert advise.parse_bytes("4096000") == 4096000
+    assert cli.parse_bytes("102M") == 102_000_000
+    assert cli.parse_bytes("1MiB") == 1 << 20
+    assert cli.parse_bytes("4096000") == 4096000
 
 
 def test_cli_prints_a_recommendation(capsys, monkeypatch):
-    monkeypatch.setattr(advise, "host_costs", lambda **kw: ONE_NS)
-    assert advise.main(["--model-bytes", "100M", "--bandwidth", "1,100", "--compute-ms", "50",
+    monkeypatch.setattr(host, "host_costs", lambda **kw: ONE_NS)
+    assert cli.main(["--model-bytes", "100M", "--bandwidth", "1,100", "--compute-ms", "50",
                         "--compressors", "none,fp16,thc"]) == 0
     out = capsys.readouterr().out
     assert "thc wins" in out and "compressor" in out
 
 
 def test_cli_json(capsys, monkeypatch):
-    import json
-    monkeypatch.setattr(advise, "host_costs", lambda **kw: ONE_NS)
-    advise.main(["--model", "resnet50", "--bandwidth", "10", "--json", "--compressors",
+    monkeypatch.setattr(host, "host_costs", lambda **kw: ONE_NS)
+    cli.main(["--model", "resnet50", "--bandwidth", "10", "--json", "--compressors",
                  "none,thc"])
     data = json.loads(capsys.readouterr().out)
     preds = data["runs"][0]["predictions"]
@@ -171,21 +182,21 @@ def test_host_costs_cache_roundtrip(tmp_path, monkeypatch, capsys):
     def fake_measure(**kw):
         calls.append(1)
         return HostCosts(dict(ONE_NS.per_elem), "numpy+thc codec")
-    monkeypatch.setattr(advise, "measure_costs", fake_measure)
+    monkeypatch.setattr(host, "measure_costs", fake_measure)
     path = str(tmp_path / "c.json")
-    a = advise.host_costs(cache_path=path)
+    a = host.host_costs(cache_path=path)
     assert "measuring this host's costs once" in capsys.readouterr().err  # minutes: say so
-    b = advise.host_costs(cache_path=path)
+    b = host.host_costs(cache_path=path)
     assert a.per_elem == b.per_elem and len(calls) == 1 and "cached" in b.source
     assert capsys.readouterr().err == ""
-    advise.host_costs(cache_path=path, refresh=True)
+    host.host_costs(cache_path=path, refresh=True)
     assert len(calls) == 2
 
 
 # ------------------------------------------------------------------------------------------------
-# The stack costs of a calibration cluster (byteps_thc.stackcost)
+# The stack costs of a calibration cluster (byteps_thc.advisor.calibrate)
 # ------------------------------------------------------------------------------------------------
-STACK0 = {k: 0.0 for k in advise.STACK_KEYS}
+STACK0 = {k: 0.0 for k in costs.STACK_KEYS}
 STACK = dict(STACK0, stack_byte_w=1e-9, stack_byte_s=0.5e-9, stack_part_w=1e-4, stack_part_s=2e-4)
 
 
@@ -193,7 +204,7 @@ def test_shared_host_counts_the_stack_per_byte_and_partition_instead_of_tcp():
     costs = HostCosts(dict(ZERO.per_elem, tcp_byte=7e-9, **STACK), "stack")
     assert costs.has_stack and not ZERO.has_stack
     p = predict_one(sc(bandwidth_gbit=1000.0, cores=2), CompressorSpec("none"), costs)
-    parts = len(advise.partitions([25 * M]))
+    parts = len(wire.partitions([25 * M]))
     b = 2 * 4 * 25 * M                                   # one worker's bytes up and down
     wstack = b * 1e-9 + parts * 1e-4
     sstack = 2 * (b * 0.5e-9 + parts * 2e-4)             # both workers' bytes and partitions
@@ -214,7 +225,7 @@ def test_stack_charges_every_partition():
     many = predict_one(sc(tensors=[1 << 14] * 64, bandwidth_gbit=1e4, cores=1),
                        CompressorSpec("none"), costs)
     assert one.wire_bytes_per_step == many.wire_bytes_per_step
-    assert len(advise.partitions([1 << 20])) == 2       # 4 MiB > BYTEPS_PARTITION_BYTES
+    assert len(wire.partitions([1 << 20])) == 2       # 4 MiB > BYTEPS_PARTITION_BYTES
     per_part = 2 * 1e-4 + 2 * 2e-4                      # two workers' and the server's share
     assert many.step_s - one.step_s == pytest.approx(62 * per_part, rel=1e-6)
 
@@ -222,7 +233,7 @@ def test_stack_charges_every_partition():
 def test_calibrated_extras_correct_a_stand_in_and_stop_at_zero():
     spec = parse_spec("topk-0.01+ef")
     tensors = [25 * M, 1000]                             # the small one travels uncompressed
-    elems = sum(e for e, c in advise.partitions(tensors) if c)
+    elems = sum(e for e, c in wire.partitions(tensors) if c)
     base = predict_one(sc(tensors=tensors), spec, ONE_NS)
     cal = predict_one(sc(tensors=tensors), spec,
                       HostCosts(dict(ONE_NS.per_elem, **dict(STACK0, topk_xw=3e-9,
@@ -240,34 +251,32 @@ def test_calibrated_extras_correct_a_stand_in_and_stop_at_zero():
 
 def _calibration_run(text, tensors, truth, micro, n=2):
     """A StackCost with the CPU a host of known costs (`truth`, `micro`) would show."""
-    from byteps_thc import stackcost
     spec = parse_spec(text, n)
-    parts = advise.partitions(tensors)
+    parts = wire.partitions(tensors)
     up = down = w = s = 0.0
     for e, c in parts:
-        u, d = advise.wire_bytes(spec, e, c, n)
-        mw, ms = advise._cpu_costs(spec, e, c, n, micro)
+        u, d = wire.wire_bytes(spec, e, c, n)
+        mw, ms = costs.partition_cpu(spec, e, c, n, micro)
         up, down = up + u, down + d
-        ce = advise.codec_elems(spec, e, c)
+        ce = wire.codec_elems(spec, e, c)
         w += mw + (truth.get(f"{spec.name}_xw", 0.0) * ce if c else 0.0)
         s += ms + (n * truth.get(f"{spec.name}_xs", 0.0) * ce if c else 0.0)
     w += (up + down) * truth["stack_byte_w"] + len(parts) * truth["stack_part_w"]
     s += n * ((up + down) * truth["stack_byte_s"] + len(parts) * truth["stack_part_s"])
-    large = sum(t for t in tensors if 4 * t >= advise.LARGE_TENSOR_BYTES)
+    large = sum(t for t in tensors if 4 * t >= LARGE_TENSOR_BYTES)
     w += truth.get(f"{spec.name}_lw", 0.0) * large
     s += n * truth.get(f"{spec.name}_ls", 0.0) * large
-    return stackcost.StackCost(spec.label, list(tensors), 10, 0.1, n * w, s, 0.0, 0.0, up, down,
+    return calibrate.StackCost(spec.label, list(tensors), 10, 0.1, n * w, s, 0.0, 0.0, up, down,
                                n)
 
 
-def test_stackcost_derive_recovers_the_costs_of_a_known_host():
-    from byteps_thc import stackcost
+def test_calibrate_derive_recovers_the_costs_of_a_known_host():
     truth = dict(stack_byte_w=0.6e-9, stack_byte_s=0.3e-9, stack_part_w=1.2e-4,
                  stack_part_s=1.5e-4, topk_xw=8e-9, topk_xs=2e-9, thc_xw=2.5e-9, thc_xs=0.2e-9)
-    big = list(stackcost.DEFAULT_TENSORS)
-    small = list(stackcost.SMALL_TENSORS)
+    big = list(calibrate.DEFAULT_TENSORS)
+    small = list(calibrate.SMALL_TENSORS)
     runs = [_calibration_run(t, big, truth, ONE_NS) for t in ("topk-0.01+ef", "thc")]
-    got = stackcost.derive(_calibration_run("none", big, truth, ONE_NS),
+    got = calibrate.derive(_calibration_run("none", big, truth, ONE_NS),
                            _calibration_run("none", small, truth, ONE_NS), runs, ONE_NS)
     assert set(got) == set(truth)
     for k, v in truth.items():
@@ -276,30 +285,29 @@ def test_stackcost_derive_recovers_the_costs_of_a_known_host():
     # the costs they will be added to): what the stack costs beyond that codec
     slow = HostCosts(dict(ONE_NS.per_elem, thc_encode=6e-9), "slow codec")
     runs = [_calibration_run("thc", big, truth, slow)]
-    got = stackcost.derive(_calibration_run("none", big, truth, ONE_NS),
+    got = calibrate.derive(_calibration_run("none", big, truth, ONE_NS),
                            _calibration_run("none", small, truth, ONE_NS), runs, ONE_NS,
                            codec=slow)
     assert got["thc_xw"] == pytest.approx(truth["thc_xw"], rel=1e-6)
     with pytest.raises(ValueError):   # one partition size cannot separate bytes from partitions
-        stackcost.derive(_calibration_run("none", big, truth, ONE_NS),
+        calibrate.derive(_calibration_run("none", big, truth, ONE_NS),
                          _calibration_run("none", big, truth, ONE_NS), [], ONE_NS)
 
 
 def test_load_costs(tmp_path):
-    import json
     path = tmp_path / "costs.json"
     path.write_text(json.dumps({"per_elem": dict(ONE_NS.per_elem, **STACK), "source": "s"}))
-    c = advise.load_costs(str(path))
+    c = costs.load_costs(str(path))
     assert c.per_elem == dict(ONE_NS.per_elem, **STACK) and c.has_stack and "s" in c.source
     path.write_text(json.dumps({"per_elem": {"copy": 1e-9}}))
     with pytest.raises(ValueError, match="add_f32"):
-        advise.load_costs(str(path))
+        costs.load_costs(str(path))
 
 
 def test_thc_codec_work_follows_the_padded_partition():
     # BERT's 768x768 matrices: 589824 coordinates, rotated and quantised as 2^20
     spec = CompressorSpec("thc")
-    assert advise.thc_padded(spec, 589824) == 1 << 20
+    assert wire.thc_padded(spec, 589824) == 1 << 20
     odd = predict_one(sc(tensors=[589824]), spec, ONE_NS)
     full = predict_one(sc(tensors=[1024000]), spec, ONE_NS)   # one partition, also 2^20
     # the same codec work; no copies on a THC partition (the codec reads the tensor, patch 0043)
@@ -308,15 +316,15 @@ def test_thc_codec_work_follows_the_padded_partition():
     none = CompressorSpec("none")   # the uncompressed pipeline copies each element twice
     assert predict_one(sc(tensors=[1024000]), none, ONE_NS).worker_cpu_s == pytest.approx(
         2 * 1e-9 * 1024000, rel=1e-9)
-    assert advise.codec_elems(spec, 589824, True) == 1 << 20
-    assert advise.codec_elems(spec, 589824, False) == 589824
-    assert advise.codec_elems(parse_spec("topk-0.01"), 589824, True) == 589824
+    assert wire.codec_elems(spec, 589824, True) == 1 << 20
+    assert wire.codec_elems(spec, 589824, False) == 589824
+    assert wire.codec_elems(parse_spec("topk-0.01"), 589824, True) == 589824
 
 
 def test_large_tensors_pay_their_calibrated_extra():
     costs = HostCosts(dict(ONE_NS.per_elem, **dict(STACK0, fp16_lw=2e-9, fp16_ls=1e-9)), "large")
     spec = CompressorSpec("fp16")
-    limit = advise.LARGE_TENSOR_BYTES // 4
+    limit = LARGE_TENSOR_BYTES // 4
     below = predict_one(sc(tensors=[limit - 1]), spec, costs)
     assert below.worker_cpu_s == pytest.approx(predict_one(sc(tensors=[limit - 1]), spec,
                                                            ONE_NS).worker_cpu_s)
@@ -330,18 +338,81 @@ def test_large_tensors_pay_their_calibrated_extra():
         == pytest.approx(2e-9 * limit, rel=1e-9)
 
 
-def test_stackcost_derive_recovers_large_tensor_costs():
-    from byteps_thc import stackcost
+def test_calibrate_derive_recovers_large_tensor_costs():
     truth = dict(stack_byte_w=0.6e-9, stack_byte_s=0.3e-9, stack_part_w=1.2e-4,
                  stack_part_s=1.5e-4, fp16_xw=-0.5e-9, fp16_xs=-2e-9, none_lw=0.5e-9,
                  none_ls=0.1e-9, fp16_lw=1.9e-9, fp16_ls=0.2e-9)
-    big, small = list(stackcost.DEFAULT_TENSORS), list(stackcost.SMALL_TENSORS)
-    large = list(stackcost.LARGE_TENSORS)
-    assert 4 * large[0] >= advise.LARGE_TENSOR_BYTES > 4 * max(big)
+    big, small = list(calibrate.DEFAULT_TENSORS), list(calibrate.SMALL_TENSORS)
+    large = list(calibrate.LARGE_TENSORS)
+    assert 4 * large[0] >= LARGE_TENSOR_BYTES > 4 * max(big)
     none_big = _calibration_run("none", big, truth, ONE_NS)
     fp16_big = _calibration_run("fp16", big, truth, ONE_NS)
-    got = stackcost.derive(none_big, _calibration_run("none", small, truth, ONE_NS), [fp16_big],
+    got = calibrate.derive(none_big, _calibration_run("none", small, truth, ONE_NS), [fp16_big],
                            ONE_NS, None, [none_big, fp16_big],
                            [_calibration_run(t, large, truth, ONE_NS) for t in ("none", "fp16")])
     for k, v in truth.items():
         assert got[k] == pytest.approx(v, rel=1e-6), k
+
+
+# ------------------------------------------------------------------------------------------------
+# The package's shape and its command lines
+# ------------------------------------------------------------------------------------------------
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+COSTS = os.path.join(ROOT, "tests", "data", "advise-costs-median3.json")
+# each module of byteps_thc.advisor imports only modules before it in this list
+LAYERS = ["models", "wire", "costs", "predict", "replay", "calibrate", "host", "cli", "__main__"]
+
+
+def test_advisor_modules_import_one_way():
+    pkg = os.path.join(ROOT, "byteps_thc", "advisor")
+    assert sorted(f[:-3] for f in os.listdir(pkg) if f.endswith(".py")) == \
+        sorted(LAYERS + ["__init__"])
+    for i, name in enumerate(LAYERS):
+        with open(os.path.join(pkg, name + ".py")) as f:
+            tree = ast.parse(f.read())
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.ImportFrom) or node.level != 1:
+                continue
+            used = [node.module] if node.module else [a.name for a in node.names]
+            for dep in used:
+                assert dep in LAYERS[:i], f"{name} imports .{dep}"
+                # and at module level: no import inside a function dodges an order
+                assert node in tree.body, f"{name} imports .{dep} inside a function"
+    with open(os.path.join(pkg, "__init__.py")) as f:   # so `-m byteps_thc.advisor.x` runs once
+        assert not [n for n in ast.parse(f.read()).body if isinstance(n, (ast.Import,
+                                                                          ast.ImportFrom))]
+
+
+def test_replay_command_line_carries_the_shapes():
+    argv = replay.worker_argv(5, 2, shapes=[(4, 5), (6,)], compute_ms=1.5, interface="eth0")
+    assert argv[:3] == [sys.executable, "-m", "byteps_thc.advisor.replay"]
+    assert replay.parse_shapes(argv[argv.index("--shapes") + 1]) == [(4, 5), (6,)]
+    assert argv[argv.index("--steps") + 1] == "5" and argv[argv.index("--warmup") + 1] == "2"
+    line = replay.RESULT_TAG + json.dumps({"rank": 1, "cpu": 0.5})
+    assert replay.results(["noise", line]) == [{"rank": 1, "cpu": 0.5}]
+
+
+def _run(*argv):
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.run([sys.executable, "-m", *argv], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_the_advisor_command_line_and_its_former_name():
+    args = ["--model", "resnet50", "--bandwidth", "1", "--compressors", "none,thc", "--json",
+            "--costs", COSTS]
+    new, old = _run("byteps_thc.advisor", *args), _run("byteps_thc.advise", *args)
+    assert new.returncode == 0 and old.returncode == 0, new.stderr + old.stderr
+    assert json.loads(new.stdout) == json.loads(old.stdout)
+    assert "byteps_thc.advisor" in old.stderr and new.stderr == ""
+    runs = json.loads(new.stdout)["runs"]
+    # 1 Gbit/s, 2 workers: ResNet-50's 102 MB step is network-bound uncompressed, THC wins
+    assert runs[0]["predictions"][0]["compressor"] == "thc", runs
+
+
+def test_the_calibration_command_line_and_its_former_name():
+    new, old = _run("byteps_thc.advisor.calibrate", "--help"), _run("byteps_thc.stackcost",
+                                                                    "--help")
+    assert new.returncode == 0 and old.returncode == 0, new.stderr + old.stderr
+    assert "--calibrate" in new.stdout and new.stdout == old.stdout
+    assert "byteps_thc.advisor.calibrate" in old.stderr

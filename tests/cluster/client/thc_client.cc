@@ -1,6 +1,6 @@
 // byteps-thc test client: a real ps-lite worker that talks to the real BytePS server the way a
 // BytePS worker does (same keys, commands and payloads), driven line by line on stdin so that
-// tests/cluster/test_thc_server.py and scripts/bench_server.py can script it.
+// tests/cluster/test_thc_server.py and benchmarks/bench_server.py can script it.
 //
 // Start it with the usual DMLC_* environment (DMLC_ROLE=worker). Commands (one per line), each
 // answered with one line "ok ..." or "err ...":

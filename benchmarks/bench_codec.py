@@ -23,8 +23,8 @@ than the cache). The spec's yardstick, a transform of 2^20 floats at about 2.2x 
 cold memcpy: on this host a hot 4 MiB memcpy takes 0.08 ns a coordinate from L3, a cold one
 0.3-0.35, and the in-place transform of 2^20 floats (whole block) 0.52.
 
-    python scripts/bench_codec.py                      # 2^16, 2^20, 2^24; every ISA
-    python scripts/bench_codec.py --sizes 20 --isa avx512 --json out.json
+    python benchmarks/bench_codec.py                      # 2^16, 2^20, 2^24; every ISA
+    python benchmarks/bench_codec.py --sizes 20 --isa avx512 --json out.json
 """
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ sums floats). Prints rounds per second, bytes on the wire per round (measured at
 bytes pushed and bytes the pulls returned) and the server's CPU time per round (/proc utime+stime
 of the server process).
 
-    .venv/bin/python scripts/bench_server.py --workers 2 --params 25000000 --rounds 10
+    .venv/bin/python benchmarks/bench_server.py --workers 2 --params 25000000 --rounds 10
 """
 from __future__ import annotations
 

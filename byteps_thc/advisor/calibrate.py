@@ -1,21 +1,22 @@
 """What moving gradients through the real BytePS stack costs the CPU: a small calibration cluster.
 
-    python -m byteps_thc.stackcost                       # none, 8 tensors of one partition each
-    python -m byteps_thc.stackcost --compressor topk-0.01+ef --json
+    python -m byteps_thc.advisor.calibrate              # none, 8 tensors of one partition each
+    python -m byteps_thc.advisor.calibrate --compressor topk-0.01+ef --json
 
-The advisor's per-element costs (byteps_thc.advise.measure_costs) time single operations: a copy,
-a sum, THC's encode. What they leave out is everything between them: BytePS's pipeline stages and
-their queues, ps-lite and ZeroMQ framing and copies, the kernel's TCP on both ends, the wake-ups
-of every thread. This module measures that whole bill with the real stack: `bpslaunch --local 2`
-(the scheduler, one server and two CPU workers on 127.0.0.1), each worker push_pulling a few
-synthetic gradients through byteps.torch's DistributedOptimizer step after step without pause
-(no compute: every step is communication), while this process samples the CPU time (user +
-system, every thread) of every process of the cluster from /proc/<pid>/stat. The workers report
-the wall-clock window of their measured steps and their own CPU time (os.times) in it.
+The advisor's per-element costs (byteps_thc.advisor.costs.measure_elem_costs) time single
+operations: a copy, a sum, THC's encode. What they leave out is everything between them: BytePS's
+pipeline stages and their queues, ps-lite and ZeroMQ framing and copies, the kernel's TCP on both
+ends, the wake-ups of every thread. This module measures that whole bill with the real stack:
+`bpslaunch --local 2` (the scheduler, one server and two CPU workers on 127.0.0.1), each worker
+push_pulling a few synthetic gradients through byteps.torch's DistributedOptimizer step after step
+without pause (byteps_thc.advisor.replay, no compute: every step is communication), while this
+process samples the CPU time (user + system, every thread) of every process of the cluster from
+/proc/<pid>/stat. The workers report the wall-clock window of their measured steps and their own
+CPU time (os.times) in it.
 
 Result (`StackCost`): per step, the workers' and the server's CPU seconds and the payload bytes
-of a step (known from the tensors and the compressor, byteps_thc.advise.wire_bytes), and the
-host's busy time from /proc/stat over the same window (for a check: on an otherwise idle host it
+of a step (known from the tensors and the compressor, byteps_thc.advisor.wire.wire_bytes), and
+the host's busy time from /proc/stat over the same window (for a check: on an otherwise idle host it
 should match the processes' sum; kernel work charged to no process shows as a difference).
 
 Needs the BytePS fork (make byteps) and torch; takes 15-30 s per compressor on a 2-core host.
@@ -24,11 +25,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import json
-import math
 import os
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -36,59 +38,14 @@ import threading
 import time
 from typing import Dict, List, Optional, Sequence
 
-RESULT_TAG = "STACKCOST "
+from ..env import THREADPOOL_SIZE, threadpool_size
+from . import replay
+from .costs import HostCosts, host_key, load_costs, measure_elem_costs, partition_cpu
+from .wire import codec_elems, launcher_flags, parse_spec, partitions, wire_bytes
+
+RESULT_TAG = replay.RESULT_TAG                # the line a replay worker prints its result on
 # one BytePS partition each (BYTEPS_PARTITION_BYTES 4096000 / 4): every push is one full message
 DEFAULT_TENSORS = (1024000,) * 8
-
-
-def launcher_flags(spec) -> List[str]:
-    """bpslaunch flags for an advise.CompressorSpec (they become BYTEPS_* environment)."""
-    if spec.name in ("none", "fp16"):
-        return ["--compressor", spec.name]
-    if spec.name == "thc":
-        cfg = spec.thc_config()
-        return ["--compressor", "thc", "--thc-bits", str(cfg.bits),
-                "--thc-granularity", str(cfg.granularity),
-                "--thc-overflow-prob", repr(cfg.overflow_prob), "--thc-seed", str(cfg.seed)]
-    flags = ["--compressor", spec.name]
-    if spec.k is not None:
-        flags += ["--compressor-k", f"{spec.k:g}"]
-    if spec.ef:
-        flags += ["--compressor-ef", "vanilla"]
-    return flags
-
-
-# ------------------------------------------------------------------------------------------------
-# Inside a worker
-# ------------------------------------------------------------------------------------------------
-def worker_main(tensors: Sequence[int], steps: int, warmup: int) -> int:
-    import torch
-    import byteps.torch as bps
-    torch.set_num_threads(1)
-    bps.init()
-    rank = bps.rank()
-    params = [torch.nn.Parameter(torch.zeros(n)) for n in tensors]
-    named = [(f"t{i:03d}", p) for i, p in enumerate(params)]
-    opt = bps.DistributedOptimizer(torch.optim.SGD(params, lr=0.0), named_parameters=named)
-    gen = torch.Generator().manual_seed(1000 + rank)
-    grads = [torch.randn(n, generator=gen).mul_(0.01) for n in tensors]
-    w0 = c0 = 0.0
-    for step in range(warmup + steps):
-        with torch.no_grad():
-            for p, g in zip(params, grads):
-                if p.grad is None:
-                    p.grad = torch.zeros_like(p)
-                p.grad.copy_(g)
-        if step == warmup:
-            t = os.times()
-            w0, c0 = time.time(), t.user + t.system
-        opt.synchronize()
-    t = os.times()
-    w1, c1 = time.time(), t.user + t.system
-    print(RESULT_TAG + json.dumps({"rank": rank, "w0": w0, "w1": w1, "cpu": c1 - c0,
-                                   "steps": steps}), flush=True)
-    bps.shutdown()
-    return 0
 
 
 # ------------------------------------------------------------------------------------------------
@@ -104,10 +61,13 @@ class StackCost:
     server_cpu_s: float        # the server process, per step (/proc samples)
     other_cpu_s: float         # the scheduler and the launcher, per step
     host_busy_s: float         # /proc/stat: all cores' non-idle time per step (whole host)
-    up_bytes: float            # one worker's payload per step (advise.wire_bytes)
+    up_bytes: float            # one worker's payload per step (wire.wire_bytes)
     down_bytes: float
     workers: int = 2
     foreign_cpu_s: float = 0.0  # host busy time neither the cluster's nor this process's, per step
+    # both workers, per step, as this process's /proc samples saw them: the same CPU as
+    # worker_cpu_s through the path the server's figure takes (a cross-check of that path)
+    worker_cpu_sampled_s: float = 0.0
 
     @property
     def payload_bytes(self) -> float:
@@ -175,25 +135,23 @@ def _interp(samples: List[tuple], t: float, key) -> float:
 def measure(spec_text: str = "none", tensors: Sequence[int] = DEFAULT_TENSORS, steps: int = 30,
             warmup: int = 3, workers: int = 2, timeout_s: float = 240.0,
             log=None) -> StackCost:
-    """One calibration cluster for the compressor `spec_text` (advise.parse_spec syntax)."""
-    from . import advise
-    spec = advise.parse_spec(spec_text, workers)
-    parts = advise.partitions(tensors)
+    """One calibration cluster for the compressor `spec_text` (wire.parse_spec syntax)."""
+    spec = parse_spec(spec_text, workers)
+    parts = partitions(tensors)
     up = down = 0.0
     for elems, comp in parts:
-        u, d = advise.wire_bytes(spec, elems, comp, workers)
+        u, d = wire_bytes(spec, elems, comp, workers)
         up, down = up + u, down + d
     run_dir = tempfile.mkdtemp(prefix="thcstack")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DMLC_", "BYTEPS_"))}
-    # as scripts/bench_network.py's roles run: one OpenMP thread; the compression thread pool
-    # bpslaunch gives one worker of a 2-core machine (role mode)
-    env.update(OMP_NUM_THREADS="1", BYTEPS_LOG_LEVEL="WARNING",
-               BYTEPS_THREADPOOL_SIZE=str(max(1, min(4, len(os.sched_getaffinity(0))))))
+    # as benchmarks/bench_network.py's roles run: one OpenMP thread; the compression thread pool
+    # bpslaunch gives the one worker of a machine (role mode)
+    env.update(OMP_NUM_THREADS="1", BYTEPS_LOG_LEVEL="WARNING")
+    env[THREADPOOL_SIZE.name] = str(threadpool_size(1))
     cmd = ([sys.executable, "-m", "byteps_thc.launch", "--local", str(workers), "--no-prefix"]
-           + launcher_flags(spec) + ["--", sys.executable, "-m", "byteps_thc.stackcost",
-                                     "--worker", "--steps", str(steps), "--warmup", str(warmup),
-                                     "--tensors", ",".join(str(int(n)) for n in tensors)])
-    pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+           + launcher_flags(spec) + ["--"]
+           + replay.worker_argv(steps, warmup, shapes=[(int(n),) for n in tensors]))
+    pkg_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = pkg_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH")
                                     else "")
     p = subprocess.Popen(cmd, cwd=run_dir, env=env, stdout=subprocess.PIPE,
@@ -266,29 +224,30 @@ def measure(spec_text: str = "none", tensors: Sequence[int] = DEFAULT_TENSORS, s
     busy = (_interp(samples, w1, lambda s: s[2]) - _interp(samples, w0, lambda s: s[2])) / steps
     me = (_interp(samples, w1, lambda s: s[3]) - _interp(samples, w0, lambda s: s[3])) / steps
     foreign = max(0.0, busy - wcpu - server - other - me)
+    sampled = role_cpu("worker") / steps
     if log:
         log(f"stack {spec.label}: {per * 1e3:.1f} ms/step, CPU per step workers "
             f"{wcpu * 1e3:.1f} ms, server {server * 1e3:.1f} ms, other {other * 1e3:.1f} ms, "
             f"host busy {busy * 1e3:.1f} ms (others {foreign * 1e3:.1f} ms); payload "
             f"{workers * (up + down) / 1e6:.1f} MB/step")
     return StackCost(spec.label, [int(n) for n in tensors], steps, per, wcpu, server, other,
-                     busy, up, down, workers, foreign)
+                     busy, up, down, workers, foreign, sampled)
 
 
-# The calibration the advisor uses (advise.measure_costs; `--calibrate`): two uncompressed runs
+# The calibration the advisor uses (host.measure_costs; `--calibrate`): two uncompressed runs
 # (large and small partitions) price the stack per byte and per partition; one run per compressor
 # prices what its real code costs beyond the advisor's own per-element figures (NumPy stand-ins
 # for BytePS's compressors, the THC codec timed alone, F16C sums...).
 SMALL_TENSORS = (16000,) * 200         # 64000 bytes each: below BYTEPS_MIN_COMPRESS_BYTES
 CALIBRATED = ("fp16", "thc", "onebit+ef", "topk-0.01+ef", "randomk-0.01+ef", "dithering-8")
-# one tensor of 16 partitions, 64 MiB: above advise.LARGE_TENSOR_BYTES (and its fp16 cast too)
+# one tensor of 16 partitions, 64 MiB: above costs.LARGE_TENSOR_BYTES (and its fp16 cast too)
 LARGE_TENSORS = (16 * 1024000,)
 
 
 def calibrate(micro, steps: int = 20, log=None, codec=None) -> Dict[str, float]:
-    """The advisor's stack costs (advise.STACK_KEYS) measured with real calibration clusters:
+    """The advisor's stack costs (costs.STACK_KEYS) measured with real calibration clusters:
     two uncompressed runs (DEFAULT_TENSORS, SMALL_TENSORS), then one run per CALIBRATED
-    compressor on DEFAULT_TENSORS. `micro`: the advisor's per-element costs (advise.HostCosts);
+    compressor on DEFAULT_TENSORS. `micro`: the advisor's per-element costs (costs.HostCosts);
     `codec`: THC's codec costs (thc_encode, thc_decode, thc_add) of the codec this BytePS build
     runs (default: micro's), so that thc_xw/thc_xs hold BytePS's THC stages beyond the codec
     whatever codec the costs they are added to were measured with. See derive()."""
@@ -302,9 +261,10 @@ def calibrate(micro, steps: int = 20, log=None, codec=None) -> Dict[str, float]:
 
 def quiet_measure(spec_text: str, tensors: Sequence[int], steps: int, tries: int = 2,
                   max_foreign: float = 0.05, log=None) -> StackCost:
-    """measure(), again (up to `tries` times in all) while other processes took more than `max_foreign`
-    of the host's busy time: CPU time per operation grows when a busy neighbour shares the cores
-    and caches (a compiler on a 2-core host raised it by up to a third). The quietest run."""
+    """measure(), again (up to `tries` times in all) while other processes took more than
+    `max_foreign` of the host's busy time: CPU time per operation grows when a busy neighbour
+    shares the cores and caches (a compiler on a 2-core host raised it by up to a third). The
+    quietest run."""
     best = None
     for i in range(tries):
         run = measure(spec_text, tensors, steps, log=log)
@@ -337,13 +297,12 @@ def derive(big: StackCost, small: StackCost, runs: Sequence[StackCost], micro,
     cpu - micro = bytes * per_byte + partitions * per_partition; each compressor's run then
     leaves cpu - micro - stack, per compressed element. A compressor's extra may be negative
     (its real code is cheaper than the advisor's stand-in for it)."""
-    from . import advise
     out: Dict[str, float] = {}
     for role in ("w", "s"):
         rows = []
         for run in (big, small):
             n = run.workers
-            parts = advise.partitions(run.tensors)
+            parts = partitions(run.tensors)
             elems = sum(e for e, _ in parts)
             if role == "w":   # one worker: its two copies; its own bytes and partitions
                 cpu = run.worker_cpu_s / n - 2 * micro["copy"] * elems
@@ -359,16 +318,16 @@ def derive(big: StackCost, small: StackCost, runs: Sequence[StackCost], micro,
         out[f"stack_part_{role}"] = max(0.0, (b1 * c2 - b2 * c1) / det)
     for run in runs:
         n = run.workers
-        spec = advise.parse_spec(run.compressor, n)
-        parts = advise.partitions(run.tensors)
-        elems = sum(advise.codec_elems(spec, e, c) for e, c in parts if c)
+        spec = parse_spec(run.compressor, n)
+        parts = partitions(run.tensors)
+        elems = sum(codec_elems(spec, e, c) for e, c in parts if c)
         mw = ms = 0.0
         base = micro
         if codec is not None and spec.name == "thc":
-            base = advise.HostCosts(dict(micro.per_elem, **{
+            base = HostCosts(dict(micro.per_elem, **{
                 k: codec[k] for k in ("thc_encode", "thc_decode", "thc_add")}), "codec")
         for e, c in parts:
-            w, s = advise._cpu_costs(spec, e, c, n, base)
+            w, s = partition_cpu(spec, e, c, n, base)
             mw, ms = mw + w, ms + s
         wstack = (run.up_bytes + run.down_bytes) * out["stack_byte_w"] + \
             len(parts) * out["stack_part_w"]
@@ -380,7 +339,7 @@ def derive(big: StackCost, small: StackCost, runs: Sequence[StackCost], micro,
     for lr in large:
         pr = next(r for r in partitioned if r.compressor == lr.compressor)
         n = lr.workers
-        name = advise.parse_spec(lr.compressor, n).name
+        name = parse_spec(lr.compressor, n).name
         le, pe = sum(lr.tensors), sum(pr.tensors)
         out[f"{name}_lw"] = (lr.worker_cpu_s / le - pr.worker_cpu_s / pe) / n
         out[f"{name}_ls"] = (lr.server_cpu_s / le - pr.server_cpu_s / pe) / n
@@ -389,7 +348,6 @@ def derive(big: StackCost, small: StackCost, runs: Sequence[StackCost], micro,
 
 def available() -> Optional[str]:
     """None when a calibration cluster can run here, else why not."""
-    import importlib.util
     for mod in ("torch", "byteps.server", "byteps.torch"):   # found, not imported (it serves)
         try:
             if importlib.util.find_spec(mod) is None:
@@ -400,9 +358,10 @@ def available() -> Optional[str]:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m byteps_thc.stackcost",
+    ap = argparse.ArgumentParser(prog="python -m byteps_thc.advisor.calibrate",
                                  description=__doc__.split("\n\n")[0])
-    ap.add_argument("--compressor", default="none", help="advise syntax: none, thc, topk-0.01+ef")
+    ap.add_argument("--compressor", default="none",
+                    help="the advisor's syntax: none, thc, topk-0.01+ef")
     ap.add_argument("--tensors", default=",".join(map(str, DEFAULT_TENSORS)),
                     help="element counts of the synthetic gradients (comma-separated)")
     ap.add_argument("--steps", type=int, default=30)
@@ -419,12 +378,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--median", metavar="PATHS",
                     help="with --calibrate OUT: run nothing, write to OUT the per-key median of "
                          "these calibrated costs files (comma-separated; repeated calibrations)")
-    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.median:
         if not a.calibrate:
             ap.error("--median needs --calibrate OUT")
-        import statistics
         files = [json.load(open(p)) for p in a.median.split(",") if p.strip()]
         per = dict(files[0]["per_elem"])
         for k in per:
@@ -436,16 +393,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"wrote {a.calibrate}")
         return 0
     tensors = [int(x) for x in a.tensors.split(",") if x.strip()]
-    if a.worker:
-        return worker_main(tensors, a.steps, a.warmup)
     why = available()
     if why:
-        print(f"stackcost: cannot run: {why}", file=sys.stderr)
+        print(f"calibrate: cannot run: {why}", file=sys.stderr)
         return 2
     if a.calibrate:
-        from . import advise
-        now = advise.measure_costs(stack=False)
-        micro = advise.load_costs(a.micro_costs) if a.micro_costs else now
+        now = measure_elem_costs()
+        micro = load_costs(a.micro_costs) if a.micro_costs else now
         print("THC codec now (byteps_thc._C; BytePS's build should run the same): "
               + ", ".join(f"{k} {now[k] * 1e9:.3f} ns" for k in
                           ("thc_encode", "thc_decode", "thc_add")), flush=True)
@@ -455,7 +409,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         per = {k: v for k, v in micro.per_elem.items() if k not in extra}
         per.update(extra)
         with open(a.calibrate, "w") as f:
-            json.dump({"host": advise._host_key(), "per_elem": per,
+            json.dump({"host": host_key(), "per_elem": per,
                        "source": micro.source.replace(" (cached)", "")
                        + "; stack: calibration clusters (bpslaunch --local 2, loopback)"},
                       f, indent=1)

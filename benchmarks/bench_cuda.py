@@ -12,7 +12,7 @@ copy's 8, so about 1.56x is its floor; one transform, none for the error), witho
 norm reads 4 without error feedback (no transform), 8 with it (y = Hu(sign*grad) + r: one
 transform, so about an encode's cost).
 
-    python scripts/bench_cuda.py [--sizes 20,24,27] [--json out.json]
+    python benchmarks/bench_cuda.py [--sizes 20,24,27] [--json out.json]
 """
 import argparse
 import json

@@ -3,19 +3,20 @@
 
 Run as root (network namespaces, tc). It builds its own cluster on this host: one network
 namespace per worker and one for the server and scheduler, joined by a bridge, every link
-rate-limited with tbf (byteps_thc.netem; addresses from 198.18.0.0/15 only), and runs the real
+rate-limited with tbf (benchmarks/netem.py; addresses from 198.18.0.0/15 only), and runs the real
 roles there with `bpslaunch` (its non-local mode, DMLC_* environment) under `ip netns exec`.
 Everything it creates is removed at the end, also on Ctrl-C / SIGTERM.
 
-    sudo .venv/bin/python scripts/bench_network.py --json results.json --plot docs/img
-    sudo .venv/bin/python scripts/bench_network.py --workloads resnet50 --bandwidths 1 \\
+    sudo .venv/bin/python benchmarks/bench_network.py --json results.json --plot benchmarks/results
+    sudo .venv/bin/python benchmarks/bench_network.py --workloads resnet50 --bandwidths 1 \\
         --compressors none,thc
 
 Workloads
   resnet50, vgg16, bert-base  communication-bound replay: the models' real parameter shapes
-      (byteps_thc.advise.MODELS), synthetic gradients, and a per-step compute time slept on each
-      worker (default: the published per-GPU step time, see --compute-ms). Each step: sleep, then
-      push_pull every gradient through byteps.torch's DistributedOptimizer and wait.
+      (byteps_thc.advisor.models.MODELS), synthetic gradients, and a per-step compute time slept
+      on each worker (default: the published per-GPU step time, see --compute-ms). Each step:
+      sleep, then push_pull every gradient through byteps.torch's DistributedOptimizer and wait
+      (the advisor's replay worker, byteps_thc.advisor.replay).
   digits  real training: example/pytorch/train_digits.py (scikit-learn's bundled digits), accuracy
       against wall time and the time to --target-acc, at --train-bandwidth (1 Gbit/s).
   tiny    a 5 MB replay model for smoke tests.
@@ -28,7 +29,7 @@ per step (the workers' eth0 counters, /sys/class/net/eth0/statistics, read insid
 at the start and end of the measured steps: up = what the workers sent, down = what they
 received, headers included), and the server's CPU seconds per step (/proc/<pid>/stat of the
 server's processes, sampled). Each replay run also gets the advisor's prediction
-(byteps_thc.advise, with this host's measured costs and the link's measured TCP rate).
+(byteps_thc.advisor, with this host's measured costs and the link's measured TCP rate).
 
 This host's limits show in the numbers: every process shares its CPU cores, so CPU-bound
 encoding and the kernel's veth/bridge forwarding cap what high bandwidths can show (the records
@@ -55,14 +56,15 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from byteps_thc import advise  # noqa: E402
-from byteps_thc.netem import (CleanupOnSignal, EmulatedNetwork, NetemError,  # noqa: E402
-                              available, cleanup_stale, measure_tcp)
-from byteps_thc.stackcost import launcher_flags  # noqa: E402  (bpslaunch flags of a spec)
+from benchmarks.netem import (CleanupOnSignal, EmulatedNetwork, available,  # noqa: E402
+                              cleanup_stale, measure_tcp)
+from byteps_thc.advisor import host, models, predict, replay, wire  # noqa: E402
+from byteps_thc.advisor.costs import load_costs  # noqa: E402
+from byteps_thc.advisor.wire import launcher_flags  # noqa: E402
 
 DIGITS = os.path.join(ROOT, "example", "pytorch", "train_digits.py")
 SCHED_PORT = 9300
-RESULT_TAG = "BENCH_RESULT "
+RESULT_TAG = replay.RESULT_TAG
 REPLAY_MODELS = ("resnet50", "vgg16", "bert-base")
 TINY_SHAPES = [(1024, 1024), (1024,), (256, 1024), (256,), (10, 256), (10,)]
 DEFAULT_COMPRESSORS = ("none,fp16,thc,thc-n,onebit+ef,topk-0.01+ef,randomk-0.01+ef,dithering-8")
@@ -80,68 +82,15 @@ def log(msg: str) -> None:
 def replay_shapes(model: str) -> List[tuple]:
     if model == "tiny":
         return list(TINY_SHAPES)
-    return advise.model_shapes(model)
+    return models.model_shapes(model)
 
 
 def replay_defaults(model: str):
     """(compute ms, samples per step per worker)."""
     if model == "tiny":
         return 20.0, 32
-    _, ms, batch, _ = advise.MODELS[model]
+    _, ms, batch, _ = models.MODELS[model]
     return ms, batch
-
-
-def _eth0_counters() -> Dict[str, int]:
-    out = {}
-    for k in ("rx_bytes", "tx_bytes"):
-        try:
-            with open(f"/sys/class/net/eth0/statistics/{k}") as f:
-                out[k] = int(f.read())
-        except OSError:
-            out[k] = -1
-    return out
-
-
-def replay_worker(a: argparse.Namespace) -> int:
-    """Runs inside a worker (started by bpslaunch): the replay loop; prints one RESULT line."""
-    import torch
-    import byteps.torch as bps
-    torch.set_num_threads(1)
-    bps.init()
-    rank = bps.rank()
-    shapes = replay_shapes(a.model)
-    params = [torch.nn.Parameter(torch.zeros(s)) for s in shapes]
-    named = [(f"layer{i:03d}", p) for i, p in enumerate(params)]
-    opt = bps.DistributedOptimizer(torch.optim.SGD(params, lr=0.0), named_parameters=named)
-    gen = torch.Generator().manual_seed(1000 + rank)
-    grads = [torch.randn(s, generator=gen).mul_(0.01) for s in shapes]
-    compute_s = a.compute_ms / 1e3
-    times: List[float] = []
-    c0 = c1 = None
-    w0 = w1 = cpu0 = 0.0
-    for step in range(a.warmup + a.steps):
-        with torch.no_grad():
-            for p, g in zip(params, grads):   # a fresh gradient (outside the timed step)
-                if p.grad is None:
-                    p.grad = torch.zeros_like(p)
-                p.grad.copy_(g)
-        if step == a.warmup:
-            c0, w0, cpu0 = _eth0_counters(), time.time(), time.process_time()
-        t = time.perf_counter()
-        time.sleep(compute_s)              # forward + backward of a GPU
-        opt.synchronize()                  # push_pull of every gradient, compressed as chosen
-        if step >= a.warmup:
-            times.append(time.perf_counter() - t)
-        if rank == 0 and (step + 1) % max(1, (a.warmup + a.steps) // 4) == 0:
-            print(f"replay {a.model}: step {step + 1}/{a.warmup + a.steps} "
-                  f"{(time.perf_counter() - t) * 1e3:.0f} ms", flush=True)
-    c1, w1, cpu1 = _eth0_counters(), time.time(), time.process_time()
-    # cpu: this worker's CPU seconds (every thread: BytePS's loops, the codec, ps-lite, TCP
-    # sends made in its system calls) over the measured steps
-    print(RESULT_TAG + json.dumps({"rank": rank, "times": times, "c0": c0, "c1": c1,
-                                   "w0": w0, "w1": w1, "cpu": cpu1 - cpu0}), flush=True)
-    bps.shutdown()
-    return 0
 
 
 # ------------------------------------------------------------------------------------------------
@@ -226,7 +175,7 @@ def base_env(net: EmulatedNetwork, workers: int) -> Dict[str, str]:
     return env
 
 
-def run_cluster(net: EmulatedNetwork, workers: int, spec: advise.CompressorSpec,
+def run_cluster(net: EmulatedNetwork, workers: int, spec: wire.CompressorSpec,
                 worker_cmd: List[str], logdir: str, timeout_s: float, nice: int,
                 tag: str, done_marker: str = RESULT_TAG) -> dict:
     """Scheduler + server in `srv`, one worker per `w<i>`; returns processes, CPU samples and the
@@ -359,7 +308,7 @@ def _failure_reason(res: dict) -> str:
 # ------------------------------------------------------------------------------------------------
 # One configuration
 # ------------------------------------------------------------------------------------------------
-def _spec_info(spec: advise.CompressorSpec) -> dict:
+def _spec_info(spec: wire.CompressorSpec) -> dict:
     info = {"compressor": spec.label, "compressor_name": spec.name, "k": spec.k,
             "error_feedback": spec.ef if spec.name != "thc" else spec.thc_config().error_feedback}
     if spec.name == "thc":
@@ -370,14 +319,14 @@ def _spec_info(spec: advise.CompressorSpec) -> dict:
 
 
 def _scenario(model: str, bw: float, link_gbit: float, compute_ms: float,
-              workers: int) -> "advise.Scenario":
+              workers: int) -> predict.Scenario:
     """What the advisor is asked about a replay run: every process on this host's cores."""
     tensors = [math.prod(s) for s in replay_shapes(model)]
-    return advise.Scenario(tensors, bw, compute_ms / 1e3, workers,
-                           efficiency=min(1.0, link_gbit / bw), cores=os.cpu_count())
+    return predict.Scenario(tensors, bw, compute_ms / 1e3, workers,
+                            efficiency=min(1.0, link_gbit / bw), cores=os.cpu_count())
 
 
-def _predicted(pred: "advise.Prediction") -> dict:
+def _predicted(pred: predict.Prediction) -> dict:
     """A record's fields from the advisor's prediction (what a run measures beside them)."""
     return dict(predicted_step_time_s=pred.step_s, predicted_bound=pred.bound,
                 predicted_wire_bytes_per_step=pred.wire_bytes_per_step,
@@ -388,10 +337,12 @@ def run_replay(net, a, model: str, spec, bw: float, link_gbit: float, costs, log
     compute_ms = a.compute_ms if a.compute_ms is not None else replay_defaults(model)[0]
     batch = replay_defaults(model)[1]
     sc = _scenario(model, bw, link_gbit, compute_ms, a.workers)
-    pred = advise.predict_one(sc, spec, costs)
+    pred = predict.predict_one(sc, spec, costs)
     steps = max(a.min_steps, min(a.steps, int(a.run_seconds / max(pred.step_s, 1e-3))))
-    cmd = [sys.executable, os.path.abspath(__file__), "--replay-worker", "--model", model,
-           "--steps", str(steps), "--warmup", str(a.warmup), "--compute-ms", str(compute_ms)]
+    known = model in models.MODELS
+    cmd = replay.worker_argv(steps, a.warmup, shapes=None if known else replay_shapes(model),
+                             model=model if known else None, compute_ms=compute_ms,
+                             interface="eth0")
     timeout = a.run_timeout or max(240.0, 90 + 8 * (steps + a.warmup) * pred.step_s)
     t0 = time.time()
     res = run_cluster(net, a.workers, spec, cmd, logdir, timeout, a.nice,
@@ -401,11 +352,7 @@ def run_replay(net, a, model: str, spec, bw: float, link_gbit: float, costs, log
                compute_ms=compute_ms, batch_per_worker=batch, model_bytes=4 * sum(sc.tensors),
                status=res["status"], wall_s=time.time() - t0, loadavg=os.getloadavg()[0],
                **_predicted(pred))
-    results = []
-    for p in res["procs"]:
-        for _, line in p.lines:
-            if line.startswith(RESULT_TAG):
-                results.append(json.loads(line[len(RESULT_TAG):]))
+    results = replay.results(line for p in res["procs"] for _, line in p.lines)
     if res["status"] != "ok" or len(results) != a.workers:
         rec["status"] = "failed" if res["status"] == "ok" else res["status"]
         rec["error"] = _failure_reason(res) or "no result from the workers"
@@ -575,7 +522,7 @@ def plot(records: Sequence[dict], outdir: str) -> List[str]:
         ax.set_yscale("log")
         ax.set_xlabel("measured step time (ms)")
         ax.set_ylabel("advisor's prediction (ms)")
-        ax.set_title("byteps_thc.advise against the replay runs", fontsize=9)
+        ax.set_title("byteps_thc.advisor against the replay runs", fontsize=9)
         ax.legend(fontsize=6)
         ax.grid(True, which="both", alpha=0.3)
         fig.tight_layout()
@@ -629,11 +576,11 @@ def repredict(records: List[dict], costs) -> None:
     for r in records:
         if r.get("kind") != "replay":
             continue
-        spec = advise.parse_spec(r["compressor"], r["workers"])
+        spec = wire.parse_spec(r["compressor"], r["workers"])
         sc = _scenario(r["workload"], r["bandwidth_gbit"],
                        r.get("link_gbit_measured") or r["bandwidth_gbit"], r["compute_ms"],
                        r["workers"])
-        pred = advise.predict_one(sc, spec, costs)
+        pred = predict.predict_one(sc, spec, costs)
         r.update(_predicted(pred))
         if r.get("step_time_s"):
             r["prediction_error"] = (pred.step_s - r["step_time_s"]) / r["step_time_s"]
@@ -695,7 +642,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--compute-ms", type=float, default=None,
                     help="per-step compute of the replay (default: each model's published "
                          "per-GPU step time: " + "; ".join(
-                             f"{k} {v[1]:g} ms" for k, v in advise.MODELS.items()) + ")")
+                             f"{k} {v[1]:g} ms" for k, v in models.MODELS.items()) + ")")
     ap.add_argument("--steps", type=int, default=12, help="measured steps per replay run (max)")
     ap.add_argument("--min-steps", type=int, default=4)
     ap.add_argument("--warmup", type=int, default=2)
@@ -725,22 +672,18 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--from-json", metavar="PATHS",
                     help="run nothing: print the table and write --plot/--json from these "
                          "earlier --json outputs (comma-separated; merged in order)")
-    ap.add_argument("--replay-worker", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--model", default="resnet50", help=argparse.SUPPRESS)
     return ap.parse_args(argv)
 
 
 def main(argv=None) -> int:
     a = parse_args(argv)
-    if a.replay_worker:
-        return replay_worker(a)
     if a.from_json:
         records = []
         for path in a.from_json.split(","):
             with open(path) as f:
                 records += json.load(f)
         if a.repredict:
-            repredict(records, advise.load_costs(a.costs) if a.costs else advise.host_costs())
+            repredict(records, load_costs(a.costs) if a.costs else host.host_costs())
         report(records, a)
         return 0
     why = preflight()
@@ -753,13 +696,13 @@ def main(argv=None) -> int:
         if w not in REPLAY_MODELS + ("digits", "tiny"):
             print(f"bench_network: unknown workload {w!r}", file=sys.stderr)
             return 2
-    specs = [advise.parse_spec(s, a.workers) for s in a.compressors.split(",") if s.strip()]
-    train_specs = [advise.parse_spec(s, a.workers) for s in a.train_compressors.split(",")
+    specs = [wire.parse_spec(s, a.workers) for s in a.compressors.split(",") if s.strip()]
+    train_specs = [wire.parse_spec(s, a.workers) for s in a.train_compressors.split(",")
                    if s.strip()]
     stale = cleanup_stale()
     if stale:
         log(f"removed namespaces left by killed runs: {' '.join(stale)}")
-    costs = advise.load_costs(a.costs) if a.costs else advise.host_costs()
+    costs = load_costs(a.costs) if a.costs else host.host_costs()
     log(f"host costs for the advisor: {costs.source}")
     deadline = time.monotonic() + a.time_budget * 60
     logdir = a.logdir or tempfile.mkdtemp(prefix="thcbench-")

@@ -1,0 +1,189 @@
+"""Compressors as the advisor prices them, and the bytes each puts on the wire.
+
+1. BytePS cuts every gradient into partitions of BYTEPS_PARTITION_BYTES; tensors smaller than
+   BYTEPS_MIN_COMPRESS_BYTES travel as float32 whatever the compressor (`partitions`).
+2. Bytes per partition, up (worker -> server) and down (server -> worker) (`wire_bytes`):
+   - none: 32 bits a coordinate each way; fp16: 16 each way (a cast in the framework, summed in
+     fp16 by the server);
+   - thc: b bits up (the partition padded to its rotation block) and the integer sums down, in a
+     lane of 8/16/32 bits wide enough for n*g: the server adds table values, nothing else;
+   - onebit/topk/randomk/dithering (BytePS's registry compressors): the server decompresses every
+     push, sums floats and recompresses the sum, so the way down is compressed by the same
+     compressor: onebit 1 bit + a scale, topk/randomk k (index, value) pairs of 4+4 bytes,
+     dithering its Elias-delta stream (size estimated on Gaussian data).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from .. import env
+from ..config import ThcConfig, next_pow2
+
+REGISTRY_COMPRESSORS = ("onebit", "topk", "randomk", "dithering")
+KNOWN = ("none", "fp16", "thc") + REGISTRY_COMPRESSORS
+
+
+@dataclasses.dataclass(frozen=True)
+class CompressorSpec:
+    """One compressor as the benchmark runs it and the model prices it.
+
+    name: none | fp16 | thc | onebit | topk | randomk | dithering
+    k:    topk/randomk: fraction of a partition (< 1) or a count; dithering: levels s
+    ef:   error feedback (BytePS's vanilla EF for the registry compressors; THC's own for thc)
+    thc:  a ThcConfig for name == "thc" (None: the defaults)
+    label: how it is shown ("thc", "thc-n8", "topk-0.01+ef", ...)
+    """
+    name: str
+    k: Optional[float] = None
+    ef: bool = False
+    thc: Optional[ThcConfig] = None
+    label: str = ""
+
+    def __post_init__(self):
+        if self.name not in KNOWN:
+            raise ValueError(f"unknown compressor {self.name!r}; known: {', '.join(KNOWN)}")
+        if self.name in ("topk", "randomk", "dithering") and (self.k is None or self.k <= 0):
+            raise ValueError(f"{self.name} needs k > 0")
+        if not self.label:
+            object.__setattr__(self, "label", self._default_label())
+
+    def _default_label(self) -> str:
+        if self.name in ("topk", "randomk", "dithering"):
+            base = f"{self.name}-{self.k:g}"
+        else:
+            base = self.name
+        return base + ("+ef" if self.ef and self.name in REGISTRY_COMPRESSORS else "")
+
+    def thc_config(self) -> ThcConfig:
+        return self.thc if self.thc is not None else ThcConfig()
+
+
+def parse_spec(text: str, workers: int = 2) -> CompressorSpec:
+    """'none', 'fp16', 'thc', 'thc-n' (ThcConfig.for_workers(n)), 'onebit', 'onebit+ef',
+    'topk-0.01', 'randomk-0.01+ef', 'dithering-8'."""
+    t = text.strip().lower()
+    ef = t.endswith("+ef")
+    if ef:
+        t = t[:-3]
+    if t == "thc-n":
+        return CompressorSpec("thc", thc=ThcConfig.for_workers(workers), label="thc-n")
+    if t == "thc" or t == "thc-default":
+        return CompressorSpec("thc", label="thc")
+    name, _, k = t.partition("-")
+    if name not in KNOWN:
+        raise ValueError(f"unknown compressor {text!r}; known: {', '.join(KNOWN)}, thc-n")
+    if name in ("topk", "randomk", "dithering"):
+        if not k:
+            raise ValueError(f"{name} needs a k: {name}-0.01 (fraction) or {name}-1000 (count)")
+        return CompressorSpec(name, k=float(k), ef=ef)
+    if k:
+        raise ValueError(f"{name} takes no k ({text!r})")
+    return CompressorSpec(name, ef=ef)
+
+
+def partitions(tensors: Sequence[int],
+               partition_bytes: int = env.PARTITION_BYTES.default,
+               min_compress_bytes: int = env.MIN_COMPRESS_BYTES.default,
+               ) -> List[Tuple[int, bool]]:
+    """(elements, compressed?) of every partition BytePS makes of float32 tensors."""
+    per = max(1, partition_bytes // 4)
+    out = []
+    for n in tensors:
+        big = n * 4 >= min_compress_bytes
+        full, rest = divmod(int(n), per)
+        out += [(per, big)] * full
+        if rest:
+            out.append((rest, big))
+    return out
+
+
+def _elias_delta_bits(x):
+    x = np.asarray(x, dtype=np.float64)
+    n = np.floor(np.log2(x))
+    return n + 2 * np.floor(np.log2(n + 1)) + 1
+
+
+_DITHER_CACHE: Dict[int, float] = {}
+
+
+def dithering_bits_per_element(levels: int) -> float:
+    """Bits per coordinate of BytePS's dithering stream (linear levels, max normalisation) on
+    Gaussian data: for every non-zero level, Elias-delta(gap) + sign + Elias-delta(level)."""
+    levels = int(levels)
+    if levels in _DITHER_CACHE:
+        return _DITHER_CACHE[levels]
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(1 << 18)
+    norm = np.abs(x) / np.abs(x).max() * levels
+    q = np.floor(norm) + (rng.random(x.size) < (norm - np.floor(norm)))
+    nz = np.flatnonzero(q)
+    if nz.size == 0:
+        bits = 64.0 / x.size
+    else:
+        gaps = np.diff(np.concatenate(([-1], nz)))
+        bits = float(_elias_delta_bits(gaps).sum() + nz.size + _elias_delta_bits(q[nz]).sum())
+    rate = (bits + 64) / x.size
+    _DITHER_CACHE[levels] = rate
+    return rate
+
+
+def thc_padded(spec: CompressorSpec, elems: int) -> int:
+    """Coordinates THC encodes for a partition of `elems`: padded to its rotation block (the
+    partition's next power of two by default); the codec's work and bytes follow this length."""
+    block = spec.thc_config().rotation_block
+    p2 = next_pow2(elems)
+    return p2 if not block else math.ceil(elems / min(block, p2)) * min(block, p2)
+
+
+def wire_bytes(spec: CompressorSpec, elems: int, compressed: bool, workers: int,
+               dithering_rate: Optional[float] = None) -> Tuple[float, float]:
+    """Payload bytes of one partition of `elems` float32 values: (one worker's push, its pull)."""
+    if spec.name == "fp16":
+        return 2.0 * elems, 2.0 * elems
+    if not compressed or spec.name == "none":
+        return 4.0 * elems, 4.0 * elems
+    if spec.name == "thc":
+        cfg = spec.thc_config()
+        pad = thc_padded(spec, elems)
+        up = math.ceil(pad * cfg.bits / 8)
+        down = pad * cfg.lane_bits(workers) / 8
+        return float(up), float(down)
+    if spec.name == "onebit":
+        b = math.ceil(elems / 32) * 4 + 4
+        return float(b), float(b)
+    if spec.name in ("topk", "randomk"):
+        k = spec.k * elems if spec.k < 1 else spec.k
+        k = max(1, min(int(k), elems // 2))
+        return 8.0 * k, 8.0 * k
+    if spec.name == "dithering":
+        rate = dithering_rate if dithering_rate is not None else \
+            dithering_bits_per_element(int(spec.k))
+        b = math.ceil(elems * rate / 32) * 4 + 8
+        return float(b), float(b)
+    raise AssertionError(spec.name)
+
+
+def codec_elems(spec: CompressorSpec, elems: int, compressed: bool) -> int:
+    """The elements a compressor's per-element costs apply to (THC: the padded length)."""
+    return thc_padded(spec, elems) if spec.name == "thc" and compressed else elems
+
+
+def launcher_flags(spec: CompressorSpec) -> List[str]:
+    """bpslaunch flags for a spec (they become BYTEPS_* environment)."""
+    if spec.name in ("none", "fp16"):
+        return ["--compressor", spec.name]
+    if spec.name == "thc":
+        cfg = spec.thc_config()
+        return ["--compressor", "thc", "--thc-bits", str(cfg.bits),
+                "--thc-granularity", str(cfg.granularity),
+                "--thc-overflow-prob", repr(cfg.overflow_prob), "--thc-seed", str(cfg.seed)]
+    flags = ["--compressor", spec.name]
+    if spec.k is not None:
+        flags += ["--compressor-k", f"{spec.k:g}"]
+    if spec.ef:
+        flags += ["--compressor-ef", "vanilla"]
+    return flags
