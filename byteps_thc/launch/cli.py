@@ -30,7 +30,8 @@ no `compression=` argument is given):
   --thc-seed S          BYTEPS_THC_SEED            rotation seed, same on every worker ({_D.seed})
   --thc-rotation-block  BYTEPS_THC_ROTATION_BLOCK  Hadamard block, power of two (0 = partition)
   --thc-no-error-feedback  BYTEPS_THC_ERROR_FEEDBACK=0
-  --compressor-k K      BYTEPS_COMPRESSOR_K        k of topk/randomk (count or fraction), dithering levels
+  --compressor-k K      BYTEPS_COMPRESSOR_K        k of topk/randomk (count or fraction),
+                                                   dithering's levels
   --compressor-ef vanilla  BYTEPS_COMPRESSOR_EF    error feedback for onebit/topk/randomk/dithering
   Tensors smaller than BYTEPS_MIN_COMPRESS_BYTES (default {_MIN_BYTES}) are sent uncompressed.
 
@@ -63,7 +64,8 @@ environment read by BytePS and this launcher (set them for a real multi-machine 
 
 examples:
   bpslaunch --local 2 --compressor thc -- python example/pytorch/train_digits.py
-  bpslaunch --local 4 --servers 2 --compressor thc --thc-bits 3 --thc-granularity 16 -- python train.py
+  bpslaunch --local 4 --servers 2 --compressor thc --thc-bits 3 --thc-granularity 16 \\
+      -- python train.py
   DMLC_ROLE=server DMLC_NUM_WORKER=2 DMLC_NUM_SERVER=1 DMLC_PS_ROOT_URI=10.0.0.1 \\
       DMLC_PS_ROOT_PORT=9000 bpslaunch
 """

@@ -183,12 +183,13 @@ def test_remove_shm_removes_only_the_prefixes(tmp_path):
     assert remove_shm(["x"], shm_dir=str(tmp_path / "missing")) == []
 
 
-# A process that burns CPU in a child, then reports both processes' own CPU clocks (getrusage,
+# A process that burns CPU in a child, then reports both processes' own CPU clocks (times(2),
 # an independent source) and sleeps so that /proc still shows them.
 BURNER = """
-    import json, os, resource, subprocess, sys, time
-    burn = "import os, time\\nt = time.process_time()\\nwhile time.process_time() - t < 0.3: pass\\n" \\
-           "c = os.times(); print(c.user + c.system, flush=True); time.sleep(300)"
+    import json, os, subprocess, sys, time
+    burn = ("import os, time\\nt = time.process_time()\\n"
+            "while time.process_time() - t < 0.3: pass\\n"
+            "c = os.times(); print(c.user + c.system, flush=True); time.sleep(300)")
     child = subprocess.Popen([sys.executable, "-c", burn], stdout=subprocess.PIPE, text=True)
     child_cpu = float(child.stdout.readline())
     t = time.process_time()
