@@ -42,13 +42,10 @@ import json
 import math
 import os
 import re
-import shutil
 import statistics
 import struct
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from typing import Dict, List, Optional, Sequence
 
@@ -61,6 +58,9 @@ from benchmarks.netem import (CleanupOnSignal, EmulatedNetwork, available,  # no
 from byteps_thc.advisor import host, models, predict, replay, wire  # noqa: E402
 from byteps_thc.advisor.costs import load_costs  # noqa: E402
 from byteps_thc.advisor.wire import launcher_flags  # noqa: E402
+from byteps_thc.launch import server_argv  # noqa: E402
+from byteps_thc.launch.supervisor import (ProcSpec, Supervisor, cpu_seconds,  # noqa: E402
+                                          describe_exit)
 
 DIGITS = os.path.join(ROOT, "example", "pytorch", "train_digits.py")
 SCHED_PORT = 9300
@@ -96,56 +96,6 @@ def replay_defaults(model: str):
 # ------------------------------------------------------------------------------------------------
 # Processes of one run
 # ------------------------------------------------------------------------------------------------
-class Proc:
-    """A process in a namespace whose output lines are kept with their arrival times."""
-
-    def __init__(self, net: EmulatedNetwork, node: str, name: str, argv: List[str],
-                 env: Dict[str, str], logdir: str, nice: int, cwd: str = ROOT):
-        self.name = name
-        self.lines: List[tuple] = []
-        self.log_path = os.path.join(logdir, name.replace(" ", "_") + ".log")
-        full = (["nice", "-n", str(nice)] if nice else []) + argv
-        self.p = net.popen(node, full, env=env, cwd=cwd, stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT)
-        self._t = threading.Thread(target=self._pump, daemon=True)
-        self._t.start()
-
-    def _pump(self) -> None:
-        with open(self.log_path, "w") as f:
-            for raw in iter(self.p.stdout.readline, b""):
-                line = raw.decode("utf-8", "replace").rstrip("\n")
-                self.lines.append((time.time(), line))
-                f.write(line + "\n")
-                f.flush()
-
-    def join(self) -> None:
-        self._t.join(timeout=5)
-
-    def tail(self, n: int = 12) -> str:
-        return "\n".join(line for _, line in self.lines[-n:])
-
-
-def _proc_cpu_seconds(pid: int) -> float:
-    """utime + stime of pid and its direct children (the server loop runs in a child)."""
-    tick = os.sysconf("SC_CLK_TCK")
-    pids = [pid]
-    try:
-        for tid in os.listdir(f"/proc/{pid}/task"):
-            with open(f"/proc/{pid}/task/{tid}/children") as f:
-                pids += [int(x) for x in f.read().split()]
-    except OSError:
-        pass
-    total = 0.0
-    for p in pids:
-        try:
-            with open(f"/proc/{p}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / tick   # utime, stime
-        except (OSError, IndexError, ValueError):
-            pass
-    return total
-
-
 def _interp(samples: List[tuple], t: float) -> Optional[float]:
     if not samples:
         return None
@@ -178,13 +128,13 @@ def base_env(net: EmulatedNetwork, workers: int) -> Dict[str, str]:
 def run_cluster(net: EmulatedNetwork, workers: int, spec: wire.CompressorSpec,
                 worker_cmd: List[str], logdir: str, timeout_s: float, nice: int,
                 tag: str, done_marker: str = RESULT_TAG) -> dict:
-    """Scheduler + server in `srv`, one worker per `w<i>`; returns processes, CPU samples and the
-    outcome once every worker has exited (or the timeout struck)."""
+    """Scheduler + server in `srv`, one worker per `w<i>`; returns the processes' output
+    (supervisor.ProcLog: .name, .lines), CPU samples and the outcome once every worker has
+    exited (or the timeout struck)."""
     launch = [sys.executable, "-m", "byteps_thc.launch"] + launcher_flags(spec)
     # The scheduler and the server run the very command `bpslaunch` runs for those roles
-    # (launch.server_argv()). Through bpslaunch itself, its supervisor stops them 20 s after
+    # (server_argv()). Through bpslaunch itself, its supervisor stops them 20 s after
     # start: in role mode it has no workers to watch and takes that for "all workers finished".
-    from byteps_thc.launch import server_argv
     role_cmd = server_argv()
     env = base_env(net, workers)
     rundir = tempfile.mkdtemp(prefix=f"{net.prefix}-{tag}-", dir=logdir)
@@ -193,104 +143,64 @@ def run_cluster(net: EmulatedNetwork, workers: int, spec: wire.CompressorSpec,
     # one. Both workloads keep the learning rate constant, so 1.0 (the ratio it uses is 1) is exact.
     with open(os.path.join(rundir, "lr.s"), "wb") as f:
         f.write(struct.pack("d", 1.0))
-    procs: List[Proc] = []
-    cpu: List[tuple] = []
-    status, error = "ok", ""
     # BytePS's Unix sockets live in a short path of their own: sun_path holds 108 bytes, and the
     # fork appends "_<uri>_<port>_<worker>_<rank>" to it (a log dir under pytest's tmp is too long).
     sockroot = tempfile.mkdtemp(prefix="thcs", dir="/tmp")
+    niced = ["nice", "-n", str(nice)] if nice else []
+
+    def proc(node: str, name: str, role: str, argv: List[str], penv: Dict[str, str]) -> ProcSpec:
+        return ProcSpec(name, role, net.argv(node, niced + argv), penv, cwd=rundir,
+                        log=os.path.join(rundir, name.replace(" ", "_") + ".log"))
+
+    specs = [proc("srv", "scheduler", "scheduler", role_cmd,
+                  dict(env, DMLC_ROLE="scheduler", DMLC_NODE_HOST=net.addr["srv"])),
+             proc("srv", "server", "server", role_cmd,
+                  dict(env, DMLC_ROLE="server", DMLC_NODE_HOST=net.addr["srv"]))]
+    for i in range(workers):
+        sock = os.path.join(sockroot, f"w{i}")
+        os.makedirs(sock, exist_ok=True)
+        wenv = dict(env, DMLC_ROLE="worker", DMLC_WORKER_ID=str(i),
+                    DMLC_NODE_HOST=net.addr[f"w{i}"], BYTEPS_LOCAL_RANK="0",
+                    BYTEPS_LOCAL_SIZE="1", BYTEPS_SOCKET_PATH=sock)
+        specs.append(proc(f"w{i}", f"worker {i}", "worker", launch + ["--"] + worker_cmd, wenv))
+    worker_names = [s.name for s in specs if s.role == "worker"]
+    cpu: List[tuple] = []
+    status, error = "ok", ""
+    # Every worker failing or hanging ends the run; at shutdown the server and scheduler may
+    # leave a moment before the workers do (grace 20 s); once the workers are done they get 10 s
+    # to leave by themselves. Stopping sends SIGTERM first: bpslaunch then stops what it started.
+    # The fork names its shared memory BytePS_ShM_<root uri>_<root port>_<worker>...
+    sup = Supervisor(specs, echo=False, keep_lines=True, err=sys.stderr, tag="bench_network",
+                     grace=20.0, timeout=timeout_s, shutdown_timeout=10.0, poll_interval=0.2,
+                     dirs=[sockroot],
+                     shm_prefixes=[f"BytePS_ShM_{env['DMLC_PS_ROOT_URI']}_"
+                                   f"{env['DMLC_PS_ROOT_PORT']}_"])
     try:
-        sched_env = dict(env, DMLC_ROLE="scheduler", DMLC_NODE_HOST=net.addr["srv"])
-        procs.append(Proc(net, "srv", "scheduler", role_cmd, sched_env, rundir, nice, rundir))
-        srv_env = dict(env, DMLC_ROLE="server", DMLC_NODE_HOST=net.addr["srv"])
-        server = Proc(net, "srv", "server", role_cmd, srv_env, rundir, nice, rundir)
-        procs.append(server)
-        wprocs = []
-        for i in range(workers):
-            sock = os.path.join(sockroot, f"w{i}")
-            os.makedirs(sock, exist_ok=True)
-            wenv = dict(env, DMLC_ROLE="worker", DMLC_WORKER_ID=str(i),
-                        DMLC_NODE_HOST=net.addr[f"w{i}"], BYTEPS_LOCAL_RANK="0",
-                        BYTEPS_LOCAL_SIZE="1", BYTEPS_SOCKET_PATH=sock)
-            wp = Proc(net, f"w{i}", f"worker {i}", launch + ["--"] + worker_cmd, wenv, rundir,
-                      nice, rundir)
-            procs.append(wp)
-            wprocs.append(wp)
-        deadline = time.monotonic() + timeout_s
-        roles_gone_at = None
-        while True:
-            cpu.append((time.time(), _proc_cpu_seconds(server.p.pid)))
-            codes = [w.p.poll() for w in wprocs]
-            bad = [(w, c) for w, c in zip(wprocs, codes) if c not in (None, 0)]
-            if bad:
-                status, error = "failed", f"{bad[0][0].name} exited with {bad[0][1]}"
-                break
-            if all(c == 0 for c in codes):
-                break
-            for p in procs[:2]:
-                if p.p.poll() not in (None, 0):
-                    status, error = "failed", f"{p.name} exited with {p.p.returncode}"
-            if status != "ok":
-                break
-            # at shutdown the server and scheduler may leave a moment before the workers do
-            if roles_gone_at is None and any(p.p.poll() is not None for p in procs[:2]):
-                roles_gone_at = time.monotonic()
-            finished = all(any(done_marker in line for _, line in w.lines) for w in wprocs)
-            if roles_gone_at is not None and time.monotonic() - roles_gone_at > 20:
-                if finished:   # every worker reported; only its teardown is slow (busy host)
-                    error = "workers were slow to exit after reporting (stopped)"
-                else:
-                    status, error = "failed", "the server or scheduler left 20 s before the workers"
-                break
-            if time.monotonic() > deadline:
-                if finished:
-                    error = "workers were slow to exit after reporting (stopped)"
-                else:
-                    status, error = "timeout", f"not finished after {timeout_s:.0f}s"
-                break
-            time.sleep(0.2)
-        cpu.append((time.time(), _proc_cpu_seconds(server.p.pid)))
-        if status == "ok":  # let the scheduler and server leave by themselves
-            end = time.monotonic() + 10
-            while time.monotonic() < end and any(p.p.poll() is None for p in procs[:2]):
+        with sup:
+            server = sup.pids["server"]
+            while True:
+                cpu.append((time.time(), cpu_seconds(server)))
+                outcome = sup.poll()
+                if outcome is not None:
+                    break
                 time.sleep(0.2)
+            cpu.append((time.time(), cpu_seconds(server)))
     finally:
-        for p in procs:
-            if p.p.poll() is None:
-                _stop(p.p)     # SIGTERM first: bpslaunch then stops the processes it started
         net.kill_all()       # anything a launcher left behind (its children have own sessions)
-        for p in procs:
-            p.join()
-        # the fork names its shared memory BytePS_ShM_<root uri>_<root port>_<worker>...
-        _remove_shm(f"BytePS_ShM_{env['DMLC_PS_ROOT_URI']}_{env['DMLC_PS_ROOT_PORT']}_")
-        shutil.rmtree(sockroot, ignore_errors=True)
-    return {"procs": procs, "cpu": cpu, "status": status, "error": error, "rundir": rundir}
-
-
-def _stop(p: subprocess.Popen) -> None:
-    import signal
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(p.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            return
-        try:
-            p.wait(timeout=3)
-            return
-        except subprocess.TimeoutExpired:
-            pass
-
-
-def _remove_shm(prefix: str) -> None:
-    try:
-        for entry in os.listdir("/dev/shm"):
-            if entry.startswith(prefix):
-                try:
-                    os.unlink(os.path.join("/dev/shm", entry))
-                except OSError:
-                    pass
-    except OSError:
-        pass
+    finished = all(any(done_marker in line for _, line in sup.logs[w].lines)
+                   for w in worker_names)
+    if outcome.kind == "failed":
+        code = sup.procs[outcome.failed].returncode
+        status, error = "failed", f"{outcome.failed} {describe_exit(code)}"
+    elif outcome.kind in ("hung", "timeout"):
+        if finished:   # every worker reported; only its teardown is slow (busy host)
+            error = "workers were slow to exit after reporting (stopped)"
+        elif outcome.kind == "hung":
+            status, error = "failed", outcome.message
+        else:
+            status, error = "timeout", f"not finished after {timeout_s:.0f}s"
+    return {"procs": list(sup.logs.values()), "cpu": cpu, "status": status, "error": error,
+            "rundir": rundir}
 
 
 def _failure_reason(res: dict) -> str:

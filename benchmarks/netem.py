@@ -37,6 +37,8 @@ import sys
 import time
 from typing import Dict, List, Optional, Sequence
 
+from byteps_thc.launch.supervisor import kill_group
+
 BENCH_RANGE = ipaddress.ip_network("198.18.0.0/15")   # RFC 2544: network benchmarking
 DEFAULT_SUBNET = "198.18.0.0/24"
 NAME_PREFIX = "thcb"
@@ -181,7 +183,7 @@ class EmulatedNetwork:
     def destroy(self) -> None:
         """Stop every process started here, then remove every namespace created (idempotent)."""
         for p in self._procs:
-            _kill_group(p)
+            kill_group(p)
         self._procs = []
         for ns in reversed(self.created):
             _kill_namespace_processes(ns)
@@ -220,7 +222,7 @@ class EmulatedNetwork:
     def kill_all(self) -> None:
         """SIGKILL every process still inside any of the namespaces (after a run)."""
         for p in self._procs:
-            _kill_group(p, timeout=1.0)
+            kill_group(p, timeout=1.0)
         self._procs = [p for p in self._procs if p.poll() is None]
         for ns in self.created:
             _kill_namespace_processes(ns)
@@ -243,21 +245,6 @@ class EmulatedNetwork:
         return {"rx_bytes": st["rx"]["bytes"], "tx_bytes": st["tx"]["bytes"],
                 "rx_packets": st["rx"]["packets"], "tx_packets": st["tx"]["packets"],
                 "tx_dropped": st["tx"]["dropped"]}
-
-
-def _kill_group(p: subprocess.Popen, timeout: float = 3.0) -> None:
-    if p.poll() is not None:
-        return
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(p.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            return
-        try:
-            p.wait(timeout=timeout)
-            return
-        except subprocess.TimeoutExpired:
-            continue
 
 
 class CleanupOnSignal:
@@ -325,7 +312,7 @@ def measure_tcp(net: EmulatedNetwork, src: str, dst: str, seconds: float = 2.0,
         nbytes, secs = int(out[0]), float(out[1])
         return nbytes * 8 / secs / 1e9
     finally:
-        _kill_group(sink)
+        kill_group(sink)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -28,10 +28,7 @@ import dataclasses
 import importlib.util
 import json
 import os
-import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -39,6 +36,7 @@ import time
 from typing import Dict, List, Optional, Sequence
 
 from ..env import THREADPOOL_SIZE, threadpool_size
+from ..launch.supervisor import ProcSpec, Supervisor, process_table
 from . import replay
 from .costs import HostCosts, host_key, load_costs, measure_elem_costs, partition_cpu
 from .wire import codec_elems, launcher_flags, parse_spec, partitions, wire_bytes
@@ -82,22 +80,6 @@ class StackCost:
         d = dataclasses.asdict(self)
         d.update(payload_bytes=self.payload_bytes, cluster_cpu_s=self.cluster_cpu_s)
         return d
-
-
-def _all_stats() -> Dict[int, tuple]:
-    """pid -> (ppid, utime+stime seconds) of every process."""
-    tick = os.sysconf("SC_CLK_TCK")
-    out = {}
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            with open(f"/proc/{d}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            out[int(d)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / tick)
-        except (OSError, IndexError, ValueError):
-            pass
-    return out
 
 
 def _role(pid: int, cache: Dict[int, str]) -> str:
@@ -154,22 +136,19 @@ def measure(spec_text: str = "none", tensors: Sequence[int] = DEFAULT_TENSORS, s
     pkg_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = pkg_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH")
                                     else "")
-    p = subprocess.Popen(cmd, cwd=run_dir, env=env, stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, start_new_session=True)
-    lines: List[str] = []
+    # the launcher is one process group to the Supervisor: SIGTERM lets it stop its cluster
+    sup = Supervisor([ProcSpec("calibration", "worker", cmd, env, cwd=run_dir)], echo=False,
+                     keep_lines=True, timeout=timeout_s, kill_timeout=10.0, poll_interval=0.2,
+                     dirs=[run_dir], tag="stackcost")
     samples: List[tuple] = []          # (time, {role: cpu seconds}, host busy)
     roles: Dict[int, str] = {}
     seen: Dict[int, float] = {}        # pid -> CPU seconds (the latest sample that found it)
     stop = threading.Event()
 
-    def pump():
-        for raw in iter(p.stdout.readline, b""):
-            lines.append(raw.decode("utf-8", "replace").rstrip("\n"))
-
-    def sample():
+    def sample(root: int):
         while not stop.is_set():
-            stats = _all_stats()
-            tree = {p.pid}
+            stats = process_table()
+            tree = {root}
             grew = True
             while grew:
                 grew = False
@@ -188,25 +167,25 @@ def measure(spec_text: str = "none", tensors: Sequence[int] = DEFAULT_TENSORS, s
             samples.append((time.time(), by_role, _host_busy(), t.user + t.system))
             stop.wait(0.2)
 
-    threads = [threading.Thread(target=pump, daemon=True),
-               threading.Thread(target=sample, daemon=True)]
-    for t in threads:
-        t.start()
+    sampler = None
     try:
-        p.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGTERM)
-        p.wait(timeout=10)
-        raise RuntimeError(f"stack calibration ({spec_text}) did not finish in {timeout_s:.0f} s:"
-                           "\n" + "\n".join(lines[-12:]))
+        with sup:
+            sampler = threading.Thread(target=sample, args=(sup.pids["calibration"],),
+                                       daemon=True)
+            sampler.start()
+            outcome = sup.wait()
     finally:
         stop.set()
-        for t in threads:
-            t.join(timeout=5)
-        shutil.rmtree(run_dir, ignore_errors=True)
+        if sampler is not None:
+            sampler.join(timeout=5)
+    lines = [line for _, line in sup.logs["calibration"].lines]
+    if outcome.kind == "timeout":
+        raise RuntimeError(f"stack calibration ({spec_text}) did not finish in {timeout_s:.0f} s:"
+                           "\n" + "\n".join(lines[-12:]))
+    returncode = sup.procs["calibration"].returncode
     results = [json.loads(ln[len(RESULT_TAG):]) for ln in lines if ln.startswith(RESULT_TAG)]
-    if p.returncode != 0 or len(results) != workers:
-        raise RuntimeError(f"stack calibration ({spec_text}) failed (exit {p.returncode}):\n"
+    if returncode != 0 or len(results) != workers:
+        raise RuntimeError(f"stack calibration ({spec_text}) failed (exit {returncode}):\n"
                            + "\n".join(lines[-12:]))
     w0 = max(r["w0"] for r in results)
     w1 = min(r["w1"] for r in results)

@@ -1,8 +1,8 @@
 """Shared helpers for the cluster tests: real BytePS scheduler, servers and workers on 127.0.0.1.
 
-`byteps_cluster(...)` starts the processes by hand (environment variables, no launcher), each in its
-own process group, and always kills every group when it returns, raises or times out: a cluster
-test can fail but never hang and never leave processes behind.
+`byteps_cluster(...)` starts the processes from environment variables (no launcher) under the
+launcher's Supervisor, each in its own process group, and always stops every group when it returns,
+raises or times out: a cluster test can fail but never hang and never leave processes behind.
 
 BYTEPS_THC_FORK_DIR=DIR runs the cluster on another build of the fork, one that
 `scripts/build_byteps.sh --target DIR` installed there (e.g. the series without one fix, see
@@ -10,16 +10,14 @@ BYTEPS_THC_FORK_DIR=DIR runs the cluster on another build of the fork, one that
 """
 import glob
 import importlib.util
+import io
 import os
-import shutil
-import signal
 import socket
-import subprocess
 import sys
-import tempfile
-import time
 
 import pytest
+
+from byteps_thc.launch.supervisor import ProcSpec, Supervisor
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _fork_dir = os.environ.get("BYTEPS_THC_FORK_DIR", "")
@@ -67,66 +65,44 @@ def byteps_cluster(worker_argv, num_workers=2, num_servers=1, timeout=120, env=N
                    worker_env=None, cwd=None):
     """Run scheduler + servers + workers; return [(returncode, output)] of the workers.
 
-    worker_env(i) -> dict adds per-worker variables. Every process logs to a file (no pipe can
-    fill up and block it). On a timeout every process group is killed and an AssertionError
-    carries all the logs.
+    worker_env(i) -> dict adds per-worker variables. The processes run under the launcher's
+    Supervisor: each in its own process group, its output read as it comes (no pipe can fill up
+    and block it), every group stopped when this returns or raises. The cluster is done once
+    every worker has exited, or one worker failed (the others would wait for it forever); the
+    scheduler and the servers are then stopped. On a timeout, or when the scheduler or a server
+    fails, an AssertionError carries all the logs.
     """
     port = free_port()
     common = base_env(num_workers, num_servers, port, env)
     serve = [sys.executable, "-c", "import byteps.server"]
-    logdir = tempfile.mkdtemp(prefix="bps-cluster-")
-    procs = []
-
-    def start(role, argv, extra):
-        log = open(os.path.join(logdir, "%s-%d.log" % (role, len(procs))), "wb")
-        p = subprocess.Popen(argv, env=dict(common, DMLC_ROLE=role, **extra), cwd=cwd or ROOT,
-                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        log.close()
-        procs.append((role, p, log.name))
-        return p
-
-    def read(path):
-        with open(path, "rb") as f:
-            return f.read().decode(errors="replace")
-
-    try:
-        start("scheduler", serve, {})
-        for _ in range(num_servers):
-            start("server", serve, {})
-        for i in range(num_workers):
-            start("worker", worker_argv,
-                  dict({"DMLC_WORKER_ID": str(i), "BYTEPS_LOCAL_RANK": "0",
-                        "BYTEPS_LOCAL_SIZE": "1"}, **(worker_env(i) if worker_env else {})))
-        workers = [(p, f) for r, p, f in procs if r == "worker"]
-        deadline = time.monotonic() + timeout
-        while any(p.poll() is None for p, _ in workers):
-            if any(p.poll() not in (None, 0) for p, _ in workers):
-                break  # one worker failed: the others would wait for it forever
-            if time.monotonic() > deadline:
-                _kill_all(procs)
-                logs = "\n".join("---- %s (pid %d)\n%s" % (r, q.pid, read(f)[-3000:])
-                                  for r, q, f in procs)
-                raise AssertionError("cluster timed out after %d s\n%s" % (timeout, logs))
-            time.sleep(0.2)
-        _kill_all(procs)
-        return [(p.returncode, read(f)) for p, f in workers]
-    finally:
-        _kill_all(procs)
-        shutil.rmtree(logdir, ignore_errors=True)
-
-
-def _kill_all(procs):
-    for _, p, _ in procs:
-        if p.poll() is None:
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-    for _, p, _ in procs:
-        try:
-            p.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            pass
+    run_cwd = cwd or ROOT
+    specs = [ProcSpec("scheduler", "scheduler", serve, dict(common, DMLC_ROLE="scheduler"),
+                      run_cwd)]
+    specs += [ProcSpec(f"server {i}", "server", serve, dict(common, DMLC_ROLE="server"), run_cwd)
+              for i in range(num_servers)]
+    specs += [ProcSpec(f"worker {i}", "worker", worker_argv,
+                       dict(common, DMLC_ROLE="worker", DMLC_WORKER_ID=str(i),
+                            BYTEPS_LOCAL_RANK="0", BYTEPS_LOCAL_SIZE="1",
+                            **(worker_env(i) if worker_env else {})), run_cwd)
+              for i in range(num_workers)]
+    # No grace: a server leaving early fails the cluster only through the timeout; once every
+    # worker is done the scheduler and the servers are stopped at once (shutdown_timeout 0).
+    sup = Supervisor(specs, err=io.StringIO(), echo=False, keep_lines=True, grace=float("inf"),
+                     timeout=timeout, shutdown_timeout=0, kill_timeout=5.0, poll_interval=0.2,
+                     tag="cluster")
+    workers = [s.name for s in specs if s.role == "worker"]
+    with sup:
+        outcome = sup.wait()
+        # a scheduler or server that failed while workers still run: they would have hung
+        stranded = outcome.kind == "failed" and outcome.failed not in workers and any(
+            sup.procs[w].poll() is None for w in workers)
+    if outcome.kind in ("timeout", "hung") or stranded:
+        logs = "\n".join("---- %s (pid %d)\n%s" % (n, pid, sup.logs[n].text()[-3000:])
+                          for n, pid in sup.pids.items())
+        what = ("cluster timed out after %d s" % timeout if outcome.kind == "timeout"
+                else "cluster failed: " + outcome.message)
+        raise AssertionError("%s\n%s" % (what, logs))
+    return [(sup.procs[w].returncode, sup.logs[w].text()) for w in workers]
 
 
 @pytest.fixture

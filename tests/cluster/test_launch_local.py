@@ -13,6 +13,9 @@ import time
 
 import pytest
 
+from byteps_thc.launch import free_ports
+from byteps_thc.launch.supervisor import kill_groups
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -54,19 +57,7 @@ def bpslaunch(args, timeout=240, env=None, cwd=ROOT):
 def stop_launchers(procs, wait=10.0):
     """SIGTERM to each launcher still running (it stops its processes), then SIGKILL to its
     group. A launcher killed outright leaves nothing either: its watchdog stops its groups."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for p in procs:
-            if p.poll() is None:
-                try:
-                    os.killpg(p.pid, sig)
-                except ProcessLookupError:
-                    pass
-        deadline = time.monotonic() + wait
-        for p in procs:
-            try:
-                p.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
+    kill_groups(procs, timeout=wait)
 
 
 def survivors(port, wait=10.0):
@@ -171,7 +162,6 @@ def test_worker_exiting_early_ends_the_cluster_in_seconds(tmp_path):
 
 def test_env_only_launch_as_upstream(tmp_path):
     """One `bpslaunch` per role from DMLC_* variables alone, as BytePS users run it."""
-    from byteps_thc.launch import free_ports
     script = worker_script(tmp_path, """
         out = bps.push_pull(torch.full((10,), float(rank)), average=False, name="x")
         assert torch.equal(out, torch.full((10,), 1.0))

@@ -14,8 +14,10 @@ import pytest
 
 from byteps_thc import launch
 from byteps_thc.config import ThcConfig
+from byteps_thc.launch import local
 
 PY = sys.executable
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(launch.__file__))))
 # Bound on how long a stopped cluster of stand-ins may take: far below the stand-ins' own 120 s,
 # and generous for a loaded machine (a Python start can take seconds there).
 LIMIT = 60
@@ -175,7 +177,8 @@ def test_cleanup_removes_the_clusters_shared_memory_only(tmp_path):
     for f in (mine, other):
         open(f, "w").close()
     try:
-        launch.cleanup_run(str(run_dir), specs)
+        sup = launch.Supervisor([], dirs=[str(run_dir)], shm_prefixes=launch.shm_prefixes(specs))
+        sup.stop_all()  # what run_local's Supervisor removes when it stops
         assert not os.path.exists(mine) and os.path.exists(other)
         assert not run_dir.exists()
     finally:
@@ -414,7 +417,7 @@ def test_killed_launcher_leaves_no_process(tmp_path):
     workers and their children, each in a process group of its own, must not live on."""
     mark = f"BPS_ORPHAN_TEST={os.getpid()}.{time.monotonic_ns()}"
     env = dict(os.environ, DMLC_ROLE="worker", DMLC_NUM_WORKER="1", BYTEPS_LOCAL_SIZE="2",
-               PYTHONPATH=os.path.dirname(os.path.dirname(launch.__file__)))
+               PYTHONPATH=ROOT)
     env[mark.split("=")[0]] = mark.split("=")[1]
     worker = textwrap.dedent(f"""
         import os, subprocess, sys, time
@@ -462,13 +465,13 @@ def test_watchdog_removes_the_runs_leftovers_when_the_launcher_dies(tmp_path):
     open(other, "w").close()
     sup = launch.Supervisor([_spec("worker 0", "worker", _py("import time; time.sleep(300)"))],
                             out=io.StringIO(), err=io.StringIO(), kill_timeout=1.0,
-                            leftovers=[f"rmtree {run_dir}", f"shm {prefix}"])
+                            dirs=[str(run_dir)], shm_prefixes=[prefix])
     try:
         sup.start()
         worker = sup.procs["worker 0"]
         assert run_dir.exists() and os.path.exists(shm)
-        sup._watchdog.stdin.close()  # the launcher is gone: no "done" will come
-        sup._watchdog.wait(timeout=LIMIT)
+        sup.watchdog.stdin.close()  # the launcher is gone: no "done" will come
+        sup.watchdog.wait(timeout=LIMIT)
         worker.wait(timeout=LIMIT)
         assert not run_dir.exists(), "the run directory outlived the launcher"
         assert not os.path.exists(shm), "the workers' shared memory outlived the launcher"
@@ -491,7 +494,7 @@ def test_missing_program_is_an_error():
 def test_main_local_with_stand_in_roles(tmp_path, monkeypatch, capfd):
     """The whole --local path (ports, directories, cleanup) with a stand-in server module."""
     stop = tmp_path / "stop"
-    monkeypatch.setattr(launch, "server_argv", lambda python=None: SERVE)
+    monkeypatch.setattr(local, "server_argv", lambda python=None: SERVE)
     monkeypatch.setenv("STOP", str(stop))
     code = launch.main(["--local", "2", "--compressor", "thc", "--", PY, "-c",
                         "import os, time; time.sleep(0.2); "
@@ -504,7 +507,7 @@ def test_main_local_with_stand_in_roles(tmp_path, monkeypatch, capfd):
 
 
 def test_main_local_failing_worker(tmp_path, monkeypatch, capfd):
-    monkeypatch.setattr(launch, "server_argv", lambda python=None: SERVE)
+    monkeypatch.setattr(local, "server_argv", lambda python=None: SERVE)
     code = launch.main(["--local", "2", "--", PY, "-c",
                         "import os, sys, time\n"
                         "if os.environ['DMLC_WORKER_ID'] == '1': sys.exit(5)\n"

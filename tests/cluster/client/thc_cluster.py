@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import queue
 import shutil
-import signal
 import socket
 import struct
 import subprocess
@@ -19,6 +18,8 @@ import threading
 import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
+
+from byteps_thc.launch.supervisor import kill_groups
 
 ROOT = Path(__file__).resolve().parents[3]
 CLIENT_SRC = ROOT / "tests" / "cluster" / "client" / "thc_client.cc"
@@ -246,18 +247,7 @@ class Cluster:
         for p in [c.proc for c in self.clients] + self.procs:
             while p.poll() is None and time.time() < deadline:
                 time.sleep(0.05)
-        for p in [c.proc for c in self.clients] + self.procs:
-            if p.poll() is None:
-                for sig in (signal.SIGTERM, signal.SIGKILL):
-                    try:
-                        os.killpg(p.pid, sig)
-                    except ProcessLookupError:
-                        break
-                    try:
-                        p.wait(2)
-                        break
-                    except subprocess.TimeoutExpired:
-                        continue
+        kill_groups([c.proc for c in self.clients] + self.procs, timeout=2.0)
 
 
 def have_tools() -> bool:

@@ -1,0 +1,219 @@
+"""bpslaunch's command line: the flags, their checks, and the environment they give the workers.
+
+The compression flags only add environment (byteps_thc.env names it): the workers' side
+(byteps_thc.config, byteps_thc.torch...) reads it back. THC's variables are written by
+ThcConfig.to_env(), the one serialisation of a THC configuration.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Callable, Dict, Mapping, Optional, Sequence
+
+from .. import env
+from ..config import ThcConfig
+
+COMPRESSORS = ("none", "thc", "fp16", "onebit", "topk", "randomk", "dithering")
+
+# Defaults shown in the help come from where they live: the settings and ThcConfig.
+_MIN_BYTES = env.MIN_COMPRESS_BYTES.default
+_D = ThcConfig()
+
+HELP_EPILOG = f"""\
+compression (reaches every worker as environment; byteps.torch.DistributedOptimizer uses it when
+no `compression=` argument is given):
+  --compressor thc      BYTEPS_COMPRESSOR=thc and the BYTEPS_THC_* variables below
+  --thc-bits B          BYTEPS_THC_BITS            bits per coordinate going up (1..8, {_D.bits})
+  --thc-granularity G   BYTEPS_THC_GRANULARITY     table in [0, G], G >= 2^B - 1 ({_D.granularity})
+  --thc-overflow-prob P BYTEPS_THC_OVERFLOW_PROB   clipped mass, e.g. 1/32 ({_D.overflow_prob:g})
+  --thc-seed S          BYTEPS_THC_SEED            rotation seed, same on every worker ({_D.seed})
+  --thc-rotation-block  BYTEPS_THC_ROTATION_BLOCK  Hadamard block, power of two (0 = partition)
+  --thc-no-error-feedback  BYTEPS_THC_ERROR_FEEDBACK=0
+  --compressor-k K      BYTEPS_COMPRESSOR_K        k of topk/randomk (count or fraction),
+                                                   dithering's levels
+  --compressor-ef vanilla  BYTEPS_COMPRESSOR_EF    error feedback for onebit/topk/randomk/dithering
+  Tensors smaller than BYTEPS_MIN_COMPRESS_BYTES (default {_MIN_BYTES}) are sent uncompressed.
+
+environment read by BytePS and this launcher (set them for a real multi-machine cluster):
+  DMLC_ROLE              worker | server | scheduler (required without --local)
+  DMLC_NUM_WORKER        number of worker machines
+  DMLC_NUM_SERVER        number of servers
+  DMLC_PS_ROOT_URI       IP address of the scheduler
+  DMLC_PS_ROOT_PORT      port of the scheduler
+  DMLC_WORKER_ID         this worker's index, 0..DMLC_NUM_WORKER-1 (workers)
+  DMLC_NODE_HOST         address this process announces (else DMLC_INTERFACE's / the first one)
+  DMLC_INTERFACE         network interface to use
+  DMLC_NODE_PORT         port this server/worker binds (our ps-lite; unset = any free one)
+  NVIDIA_VISIBLE_DEVICES GPUs of this machine: one worker process each (default 1 process)
+  BYTEPS_LOCAL_SIZE      worker processes on this machine (default: one per GPU, else 1)
+  BYTEPS_LOCAL_RANK      set by the launcher for each worker process
+  BYTEPS_FORCE_DISTRIBUTED=1   use the servers even with one worker
+  BYTEPS_PARTITION_BYTES       tensor partition size (default {env.PARTITION_BYTES.default})
+  BYTEPS_MIN_COMPRESS_BYTES    smallest tensor that is compressed (default {_MIN_BYTES})
+  BYTEPS_THREADPOOL_SIZE       compression threads per worker (compression needs it; the
+                               launcher sets it when a compressor is chosen or with --local)
+  BYTEPS_SERVER_ENGINE_THREAD  server summation threads (default 4)
+  BYTEPS_SOCKET_PATH           directory of BytePS's local UNIX sockets
+  BYTEPS_NUMA_ON=1             pin each local worker to CPUs with numactl (off by default)
+  BYTEPS_VISIBLE_CPU_CORES     explicit CPU lists per local worker, e.g. 0-3:4-7
+  BYTEPS_LOG_LEVEL             TRACE | DEBUG | INFO | WARNING (default) | ERROR | FATAL
+  BYTEPS_ENABLE_GDB=1          run each worker under gdb
+  BYTEPS_ENABLE_ASYNC=1        asynchronous training
+  BYTEPS_TRACE_ON=1, BYTEPS_TRACE_DIR, BYTEPS_TRACE_START_STEP, BYTEPS_TRACE_END_STEP  profiling
+
+examples:
+  bpslaunch --local 2 --compressor thc -- python example/pytorch/train_digits.py
+  bpslaunch --local 4 --servers 2 --compressor thc --thc-bits 3 --thc-granularity 16 \\
+      -- python train.py
+  DMLC_ROLE=server DMLC_NUM_WORKER=2 DMLC_NUM_SERVER=1 DMLC_PS_ROOT_URI=10.0.0.1 \\
+      DMLC_PS_ROOT_PORT=9000 bpslaunch
+"""
+
+
+# ------------------------------------------------------------------------------------------------
+# Flag types: env's parsers, their ValueError as argparse's error
+# ------------------------------------------------------------------------------------------------
+def _flag_type(parse: Callable[[str], object], name: str) -> Callable[[str], object]:
+    def convert(text: str):
+        try:
+            return parse(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    convert.__name__ = name
+    return convert
+
+
+_positive_int = _flag_type(env.parse_positive_int, "positive_int")
+_probability = _flag_type(env.parse_probability, "probability")
+
+
+def _seconds(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be positive")
+    return v
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="bpslaunch",
+        usage="bpslaunch [--local N [--servers M]] [--compressor NAME [...]] [--] CMD [ARG ...]",
+        description="Launch a BytePS role (from DMLC_* environment) or, with --local N, a whole "
+                    "cluster on this machine; optionally with gradient compression (THC).",
+        epilog=HELP_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    c = p.add_argument_group("compression")
+    c.add_argument("--compressor", choices=COMPRESSORS, default=None,
+                   help="gradient compressor for every tensor large enough (default: none, or "
+                        "$BYTEPS_COMPRESSOR)")
+    c.add_argument("--thc-bits", type=int, metavar="B",
+                   help=f"THC bits per coordinate ({_D.bits})")
+    c.add_argument("--thc-granularity", type=int, metavar="G",
+                   help=f"THC table range [0, G] ({_D.granularity})")
+    c.add_argument("--thc-overflow-prob", type=_probability, metavar="P",
+                   help="THC clipped probability mass, e.g. 1/32")
+    c.add_argument("--thc-seed", type=int, metavar="S", help=f"THC rotation seed ({_D.seed})")
+    c.add_argument("--thc-rotation-block", type=int, metavar="N",
+                   help="THC Hadamard block, a power of two (default: whole partition)")
+    c.add_argument("--thc-no-error-feedback", action="store_true",
+                   help="turn THC's error feedback off")
+    c.add_argument("--compressor-k", metavar="K",
+                   help="k for topk/randomk (count or fraction) and dithering (levels)")
+    c.add_argument("--compressor-ef", choices=("none", "vanilla"), default=None,
+                   help="error feedback for BytePS's own compressors")
+
+    lc = p.add_argument_group("local cluster")
+    lc.add_argument("--local", type=_positive_int, metavar="N",
+                    help="start scheduler, servers and N workers on 127.0.0.1 and run CMD in each "
+                         "worker")
+    lc.add_argument("--servers", type=_positive_int, metavar="M", default=None,
+                    help="number of servers with --local (default 1)")
+    lc.add_argument("--timeout", type=_seconds, metavar="SEC", default=None,
+                    help="stop the cluster and fail after SEC seconds")
+    lc.add_argument("--grace", type=_seconds, metavar="SEC", default=60.0,
+                    help="how long the other workers may run on after one worker finished "
+                         "before the cluster counts as hung (default 60)")
+    lc.add_argument("--no-prefix", action="store_true",
+                    help="do not prefix output lines with the process name")
+    p.add_argument("command", nargs=argparse.REMAINDER, metavar="CMD",
+                   help="the training command, run in every worker")
+    return p
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    """Parse flags; the command is everything after `--` (or after the first non-flag word)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    if "--" in argv:
+        i = argv.index("--")
+        ns = parser.parse_args(argv[:i])
+        if ns.command:
+            parser.error(f"unexpected words before '--': {' '.join(ns.command)}")
+        ns.command = argv[i + 1:]
+    else:
+        ns = parser.parse_args(argv)
+        ns.command = list(ns.command)
+    thc_flags = [f for f in ("thc_bits", "thc_granularity", "thc_overflow_prob", "thc_seed",
+                             "thc_rotation_block") if getattr(ns, f) is not None]
+    if ns.thc_no_error_feedback:
+        thc_flags.append("thc_no_error_feedback")
+    if thc_flags:
+        if ns.compressor is None:
+            ns.compressor = "thc"
+        elif ns.compressor != "thc":
+            parser.error(f"--{thc_flags[0].replace('_', '-')} needs --compressor thc, "
+                         f"not {ns.compressor}")
+    if ns.compressor_k is not None and ns.compressor not in ("topk", "randomk", "dithering"):
+        parser.error("--compressor-k applies to --compressor topk, randomk or dithering")
+    if ns.compressor in ("topk", "randomk", "dithering") and ns.compressor_k is None:
+        parser.error(f"--compressor {ns.compressor} needs --compressor-k")
+    if ns.servers is not None and ns.local is None:
+        parser.error("--servers needs --local N")
+    if ns.local is not None and not ns.command:
+        parser.error("--local needs a command: bpslaunch --local N [...] -- CMD ...")
+    if ns.compressor == "thc":
+        try:
+            thc_config(ns)  # validates the combination (table exists, lanes fit) before launch
+        except ValueError as e:
+            parser.error(f"invalid THC configuration: {e}")
+    return ns
+
+
+def thc_config(ns: argparse.Namespace, environ: Optional[Mapping[str, str]] = None) -> ThcConfig:
+    """The ThcConfig the flags describe, on top of any BYTEPS_THC_* already in the environment."""
+    names = {s.name for s in env.THC.values()}
+    thc_env = {k: v for k, v in (os.environ if environ is None else environ).items()
+               if k in names}
+    for field in ("bits", "granularity", "overflow_prob", "seed"):
+        v = getattr(ns, "thc_" + field)
+        if v is not None:
+            thc_env[env.THC[field].name] = repr(v)
+    if ns.thc_rotation_block is not None:
+        thc_env[env.THC["rotation_block"].name] = str(ns.thc_rotation_block)
+    if ns.thc_no_error_feedback:
+        thc_env[env.THC["error_feedback"].name] = "0"
+    cfg = ThcConfig.from_env(thc_env)
+    if ns.local is not None:
+        cfg.lane_bits(ns.local)  # the server's sums of N workers must fit a lane
+    return cfg
+
+
+def compression_env(ns: argparse.Namespace,
+                    environ: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
+    """The variables the compression flags add to every worker's environment (nothing if unset)."""
+    out: Dict[str, str] = {}
+    if ns.compressor is None:
+        return out
+    if ns.compressor == "thc":
+        out.update(thc_config(ns, environ).to_env())
+    out[env.COMPRESSOR.name] = ns.compressor
+    if ns.compressor_k is not None:
+        out[env.COMPRESSOR_K.name] = str(ns.compressor_k)
+    if ns.compressor_ef is not None:
+        out[env.COMPRESSOR_EF.name] = ns.compressor_ef
+    return out
