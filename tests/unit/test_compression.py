@@ -222,3 +222,24 @@ def test_no_end_of_run_message_unless_thc():
     report.announce(_choose(_Compression.fp16, {}), c.Tally(2, 0, 0), rank=0)
     report.announce(_choose(_Compression.topk(4), {}), c.Tally(2, 0, 2), rank=0)
     assert report.nothing_compressed() is None
+
+
+def test_mxnet_trainer_choice():
+    """byteps_thc.mxnet.choose: the trainer's choice, through the same compression.choose()."""
+    from byteps_thc import mxnet as bmx
+    ch = bmx.choose(None, None, LAUNCHED)
+    assert isinstance(ch.compressor, bmx.ThcCompression) and ch.compressor.kwargs() == \
+        ThcConfig(bits=3, granularity=14).to_kwargs()
+    assert ch.source == "bpslaunch --compressor thc"
+    # upstream's compression_params stay, with the launcher's THC named in the warning
+    ch = bmx.choose(None, {"compressor": "onebit", "ef": "vanilla"}, LAUNCHED)
+    assert ch.compressor.params == {"compressor": "onebit", "ef": "vanilla"}
+    assert "the script chose compression_params={'compressor': 'onebit', 'ef': 'vanilla'}" in \
+        c.conflict_message(ch, LAUNCHED)
+    ch = bmx.choose(None, {"compressor": "thc", "bits": 2}, LAUNCHED)
+    assert ch.compressor.config == ThcConfig(bits=2) and ch.source == "script"
+    assert ch.overridden is not None
+    # nothing chosen anywhere: upstream's own path, no compression
+    ch = bmx.choose(None, None, {})
+    assert repr(ch.compressor) == "Compression.none" and ch.compressor.params == {}
+    assert c.in_force_line(ch, c.Tally(4, 0, 0), {}).endswith("; 4 gradient tensors")
