@@ -12,9 +12,10 @@ through the same door, with the kwargs every framework uses (`ThcConfig.to_kwarg
 Passing nothing (or upstream's `Compression.none`) leaves the choice to the launcher; an explicit
 `compression=` or `compression_params=` stays, with one warning on rank 0 when the launcher chose
 otherwise, and rank 0 prints one line saying what is in force (byteps_thc.compression, as for
-torch and TensorFlow). Parameters smaller than BYTEPS_MIN_COMPRESS_BYTES travel uncompressed (every variable's name
-and default is in byteps_thc.env, THC's defaults are ThcConfig's). The patched
-`byteps.mxnet` (csrc/byteps/patches/0094-*) takes DistributedTrainer and Compression from here.
+torch and TensorFlow). Parameters smaller than BYTEPS_MIN_COMPRESS_BYTES travel uncompressed
+(every variable's name and default is in byteps_thc.env, THC's defaults are ThcConfig's). The
+patched `byteps.mxnet` (csrc/byteps/patches/0094-*) takes DistributedTrainer and Compression
+from here.
 """
 from __future__ import annotations
 

@@ -38,7 +38,8 @@ THRESHOLD = 65536  # BytePS's default BYTEPS_MIN_COMPRESS_BYTES (and byteps-thc'
 BIG = sum(4 * n >= THRESHOLD for n in SIZES)  # 2: the two large weight matrices
 SMALL = len(SIZES) - BIG
 
-FROM_LAUNCHER = r"chosen by (?:bpslaunch --compressor thc|the environment \(BYTEPS_COMPRESSOR=thc\))"
+FROM_LAUNCHER = (r"chosen by (?:bpslaunch --compressor thc"
+                 r"|the environment \(BYTEPS_COMPRESSOR=thc\))")
 
 
 def _netns():
@@ -142,8 +143,8 @@ def test_an_explicit_fp16_stays_and_is_warned_about_once(torch_runs):
     fp16 = torch_runs["fp16"]
     assert fp16.thc_keys == set(), fp16.output[-3000:]
     warnings = re.findall(r"UserWarning: byteps-thc: the script chose Compression\.fp16, .*"
-                          r"chose Compression\.thc\(.*\); the script's Compression\.fp16 is in force",
-                          fp16.output)
+                          r"chose Compression\.thc\(.*\); "
+                          r"the script's Compression\.fp16 is in force", fp16.output)
     assert len(warnings) == 1, fp16.output[-3000:]
     assert len(fp16.in_force) == 1 and "compressor Compression.fp16; chosen by script" \
         in fp16.in_force[0]
