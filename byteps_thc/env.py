@@ -112,6 +112,9 @@ class Setting:
 COMPRESSORS = ("none", "thc", "fp16", "onebit", "topk", "randomk", "dithering")
 COMPRESSOR = Setting("BYTEPS_COMPRESSOR", "none", parse_choice(*COMPRESSORS),
                      " | ".join(COMPRESSORS))
+COMPRESSOR_SET_BY = Setting("BYTEPS_COMPRESSOR_SET_BY", None, parse_choice("bpslaunch"),
+                            "bpslaunch: BYTEPS_COMPRESSOR comes from bpslaunch --compressor "
+                            "(the launcher sets it; unset: from the environment)")
 COMPRESSOR_K = Setting("BYTEPS_COMPRESSOR_K", None, str,
                        "k of topk/randomk (count or fraction), dithering's levels")
 COMPRESSOR_EF = Setting("BYTEPS_COMPRESSOR_EF", "none", parse_choice("none", "vanilla"),

@@ -9,14 +9,19 @@ through the same door, with the kwargs every framework uses (`ThcConfig.to_kwarg
                                      compression=bps.Compression.thc(bits=4))
     # or compression_params={"compressor": "thc", "bits": 4}, or `bpslaunch --compressor thc`
 
-Parameters smaller than BYTEPS_MIN_COMPRESS_BYTES travel uncompressed (every variable's name
-and default is in byteps_thc.env, THC's defaults are ThcConfig's). The patched
-`byteps.mxnet` (csrc/byteps/patches/0094-*) takes DistributedTrainer and Compression from here.
+Passing nothing (or upstream's `Compression.none`) leaves the choice to the launcher; an explicit
+`compression=` or `compression_params=` stays, with one warning on rank 0 when the launcher chose
+otherwise, and rank 0 prints one line saying what is in force (byteps_thc.compression, as for
+torch and TensorFlow). Parameters smaller than BYTEPS_MIN_COMPRESS_BYTES travel uncompressed
+(every variable's name and default is in byteps_thc.env, THC's defaults are ThcConfig's). The
+patched `byteps.mxnet` (csrc/byteps/patches/0094-*) takes DistributedTrainer and Compression
+from here.
 """
 from __future__ import annotations
 
 from typing import Mapping, Optional
 
+from . import compression as _c
 from . import env
 from .compression import THC_PARAMS, thc_config, thc_repr
 from .config import ThcConfig
@@ -24,6 +29,7 @@ from .config import ThcConfig
 
 class ThcCompression:
     """THC for MXNet: the kwargs each large float parameter's gradient is declared with."""
+    name = "thc"
 
     def __init__(self, config: ThcConfig):
         self.config = thc_config(config=config)
@@ -60,13 +66,36 @@ def from_env(environ: Optional[Mapping[str, str]] = None) -> Optional[ThcCompres
     return ThcCompression(ThcConfig.from_env(environ))
 
 
+class UpstreamChoice:
+    """What upstream's DistributedTrainer does itself: `compression_params` (onebit, topk, fp16,
+    ...) or, without them, no compression."""
+
+    def __init__(self, params: Optional[Mapping] = None):
+        self.params = dict(params or {})
+        self.name = self.params.get("compressor") or ("fp16" if self.params.get("fp16") else "none")
+
+    def __repr__(self):
+        return f"compression_params={self.params!r}" if self.params else "Compression.none"
+
+
+def choose(compression=None, compression_params: Optional[Mapping] = None,
+           environ: Optional[Mapping[str, str]] = None) -> _c.Choice:
+    """The trainer's compression (byteps_thc.compression.choose): `compression` (None or upstream's
+    none: no choice), else THC or upstream's `compression_params`, else the launcher's THC."""
+    if compression is None and compression_params:
+        compression = from_params(compression_params) or UpstreamChoice(compression_params)
+    return _c.choose(compression, lambda: from_env(environ) or UpstreamChoice(), environ)
+
+
 def _make_trainer():
     """byteps.mxnet's DistributedTrainer with a THC-aware __init__ (the class itself, not a
     subclass: patch 0094 rebinds byteps.mxnet.DistributedTrainer to what this returns, and
     upstream's __init__ calls `super(DistributedTrainer, self)` through that module name, so a
     subclass there would run upstream's __init__ twice and fail on gluon's kvstore argument)."""
     import numpy as np
+    from byteps.mxnet import Compression as upstream
     from byteps.mxnet import DistributedTrainer as cls
+    from byteps.mxnet import rank
 
     if getattr(cls, "_byteps_thc", False):
         return cls
@@ -74,25 +103,36 @@ def _make_trainer():
 
     def __init__(self, params, optimizer, optimizer_params=None, root_rank=0,
                  compression_params=None, compression=None):
-        chosen = compression or from_params(compression_params)
-        if chosen is None and not compression_params:
-            chosen = from_env()
-        if chosen is not None:
-            compression_params = None
-            threshold = env.MIN_COMPRESS_BYTES.get()
-            kwargs = chosen.kwargs()
-            for _, param in sorted(params.items()):
-                if param.grad_req == "null" or np.dtype(param.dtype).kind != "f":
-                    continue
-                shape = param.shape
-                if shape is None or any(d <= 0 for d in shape):
-                    continue  # deferred shape: declared uncompressed
-                if int(np.prod(shape)) * 4 < threshold:
-                    continue
-                for k, v in kwargs.items():
+        if compression is upstream.none or isinstance(compression, type(upstream.none)):
+            compression = None  # upstream's boilerplate: no choice
+        choice = choose(compression, compression_params)
+        chosen = choice.compressor
+        _c.warn_conflict(choice, rank())
+        thc = isinstance(chosen, ThcCompression)
+        if not thc:
+            compression_params = chosen.params or None
+        gated = chosen.name not in ("none", "fp16")  # registry compressors: size-gated
+        threshold = env.MIN_COMPRESS_BYTES.get()
+        counts = _c.Tally()
+        for _, param in sorted(params.items()):
+            if param.grad_req == "null":
+                continue
+            counts.tensors += 1
+            if not gated or np.dtype(param.dtype).kind != "f":
+                continue
+            shape = param.shape
+            if shape is None or any(d <= 0 for d in shape):
+                continue  # deferred shape: declared uncompressed
+            if int(np.prod(shape)) * 4 < threshold:
+                counts.small += 1
+                continue
+            counts.compressed += 1
+            if thc:
+                for k, v in chosen.kwargs().items():
                     setattr(param, "byteps_" + k, v)
-        self.compression = chosen
+        self.compression = chosen if thc else None
         upstream_init(self, params, optimizer, optimizer_params, root_rank, compression_params)
+        _c.announce(choice, counts, rank())
 
     __init__.__doc__ = """BytePS's DistributedTrainer, plus THC: `compression=Compression.thc(...)`,
         `compression_params={"compressor": "thc", ...}`, or what `bpslaunch --compressor thc`

@@ -15,9 +15,13 @@ user code stays BytePS's:
     model.compile(optimizer=opt, loss=..., jit_compile=False)
     model.fit(x, y, callbacks=[bps.BroadcastGlobalVariablesCallback(0)])
 
-Without `compression=` the compressor is what `bpslaunch --compressor ...` chose
+Without `compression=`, or with `compression=Compression.none` (upstream's default, passed by its
+scripts as boilerplate), the tape and the optimizer use what `bpslaunch --compressor ...` chose
 (`Compression.from_env()`: BYTEPS_COMPRESSOR and BYTEPS_THC_*; every variable's name and default
-is in byteps_thc.env, THC's defaults are ThcConfig's).
+is in byteps_thc.env, THC's defaults are ThcConfig's); another explicit choice stays, with one
+warning on rank 0 if the launcher chose otherwise. At the first gradient declare rank 0 prints
+one line saying what is in force (byteps_thc.compression.announce). `push_pull` itself only
+compresses with what it is given.
 
 Names. BytePS keys a tensor by its name, and every worker must declare the same names in the same
 order. Here every variable gets one stable name for the life of the process, from its Keras path
@@ -147,6 +151,14 @@ def _resolve(compression) -> Compressor:
         raise TypeError(f"compression must be a byteps_thc.tensorflow Compressor (e.g. "
                         f"bps.Compression.thc()), not {type(compression).__name__}")
     return compression
+
+
+def _choose(compression) -> _c.Choice:
+    """The tape's or optimizer's compressor: the script's explicit choice, else the launcher's."""
+    choice = _c.choose(None if compression is None else _resolve(compression),
+                       Compression.from_env)
+    _c.warn_conflict(choice, rank(), stacklevel=3)  # the script's call of the tape/optimizer
+    return choice
 
 
 def _exact_dtype(dtype):
@@ -407,9 +419,13 @@ def broadcast_global_variables(root_rank: int):
                        "bps.BroadcastGlobalVariablesCallback(root_rank) with model.fit")
 
 
-def _push_pull_grads(grads: list, sources: list, compression: Compressor, average: bool,
+_ANNOUNCED: set = set()  # gradient name lists already counted by _c.announce
+
+
+def _push_pull_grads(grads: list, sources: list, choice: _c.Choice, average: bool,
                      prefix: str = "Gradient.") -> list:
     """push_pull every gradient under its source's stable name (None gradients stay None)."""
+    compression = choice.compressor
     todo, names = [], []
     for i, (g, s) in enumerate(zip(grads, sources)):
         if g is None:
@@ -419,6 +435,10 @@ def _push_pull_grads(grads: list, sources: list, compression: Compressor, averag
         name = variable_name(s) if _is_variable(s) else f"source.{i}"
         todo.append((i, g))
         names.append(prefix + name)
+    if tuple(names) not in _ANNOUNCED:  # a new list: say what is in force (first), count it
+        _ANNOUNCED.add(tuple(names))
+        counts = _c.tally(compression, [tf.convert_to_tensor(g) for _, g in todo])
+        _c.announce(choice, counts, rank())
     reduced = _push_pull_list([g for _, g in todo], names, compression, average)
     out = list(grads)
     for (i, _), r in zip(todo, reduced):
@@ -436,9 +456,9 @@ class _DistributedGradientTape:
     used as the context manager itself: `with bps.DistributedGradientTape(tf.GradientTape()) as t:`.
     """
 
-    def __init__(self, tape, compression, op, prefix):
+    def __init__(self, tape, choice, op, prefix):
         self._bps_tape = tape
-        self._bps_compression = compression
+        self._bps_choice = choice
         self._bps_average = op == Average
         self._bps_prefix = prefix
 
@@ -460,7 +480,7 @@ class _DistributedGradientTape:
             return grads
         flat_sources = tf.nest.flatten(sources)
         flat_grads = tf.nest.flatten(grads)
-        reduced = _push_pull_grads(flat_grads, flat_sources, self._bps_compression,
+        reduced = _push_pull_grads(flat_grads, flat_sources, self._bps_choice,
                                    self._bps_average, self._bps_prefix)
         return tf.nest.pack_sequence_as(grads, reduced)
 
@@ -470,14 +490,15 @@ def DistributedGradientTape(gradtape, device_dense: str = "", device_sparse: str
                             prefix: str = "Gradient."):
     """A tape whose gradient() averages the gradients over all workers.
 
-    `compression`: `Compression.thc(...)` etc.; default: what `bpslaunch --compressor` chose.
+    `compression`: `Compression.thc(...)` etc.; None or `Compression.none`: what `bpslaunch
+    --compressor` chose (none without it).
     Each gradient travels under its variable's stable name (`prefix` + variable_name(var)); a
     gradient of a watched plain tensor is named by its position in `sources`. Sparse gradients
     (IndexedSlices) are pushed dense. Works in eager mode and inside tf.function.
     """
     if op not in (Average, Sum):
         raise ValueError(f"op={op!r}: byteps-thc supports Average and Sum")
-    return _DistributedGradientTape(gradtape, _resolve(compression), op, prefix)
+    return _DistributedGradientTape(gradtape, _choose(compression), op, prefix)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -497,7 +518,7 @@ class _DistributedKerasOptimizer:
             else:
                 trainable_variables = list(trainable_variables)
                 variables = trainable_variables
-            grads = _push_pull_grads(grads, variables, self._bps_compression,
+            grads = _push_pull_grads(grads, variables, self._bps_choice,
                                      self._bps_average, self._bps_prefix)
         return super().apply(grads, trainable_variables)
 
@@ -523,7 +544,8 @@ def DistributedOptimizer(optimizer, name: Optional[str] = None, use_locking: boo
     Wrap the optimizer before it is built (it is re-created from its config); the result is an
     instance of a subclass of the optimizer's class with the same class name, so saved models
     load without BytePS. With model.fit, compile with `jit_compile=False` on GPU machines (the
-    BytePS op has no XLA kernel). `compression`: default what `bpslaunch --compressor` chose.
+    BytePS op has no XLA kernel). `compression`: None or `Compression.none`: what `bpslaunch
+    --compressor` chose (none without it).
     """
     import keras
     if not isinstance(optimizer, keras.optimizers.Optimizer):
@@ -544,7 +566,8 @@ def DistributedOptimizer(optimizer, name: Optional[str] = None, use_locking: boo
     if name is not None:
         config["name"] = name
     opt = cls.from_config(config)
-    opt._bps_compression = _resolve(compression)
+    opt._bps_choice = _choose(compression)
+    opt._bps_compression = opt._bps_choice.compressor
     opt._bps_average = op == Average
     opt._bps_prefix = prefix
     return opt

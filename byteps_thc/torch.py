@@ -10,9 +10,12 @@ The patched `byteps.torch` takes `Compression`, `DistributedOptimizer`, `broadca
     bps.broadcast_parameters(model.state_dict(), root_rank=0)
     bps.broadcast_optimizer_state(opt, root_rank=0)
 
-Without a `compression=` argument the optimizer uses what `bpslaunch --compressor ...` chose
-(BYTEPS_COMPRESSOR and BYTEPS_THC_*, read once by `Compression.from_env`; every variable's name
-and default is in byteps_thc.env, THC's defaults are ThcConfig's).
+Without a `compression=` argument, or with `compression=Compression.none` (upstream's default,
+which its scripts pass as boilerplate), the optimizer uses what `bpslaunch --compressor ...`
+chose (BYTEPS_COMPRESSOR and BYTEPS_THC_*, read by `Compression.from_env`; every variable's name
+and default is in byteps_thc.env, THC's defaults are ThcConfig's). Any other explicit choice
+stays in force, with one warning on rank 0 when the launcher chose something else. At its
+declare rank 0 prints one line saying what is in force (byteps_thc.compression.announce).
 
 Two kinds of compressor:
 - framework compressors (`none`, `fp16`) change the tensor handed to BytePS (a cast) and undo it;
@@ -140,9 +143,10 @@ def declare(name: str, kwargs: Optional[Mapping[str, str]] = None) -> None:
 class _DistributedOptimizer(torch.optim.Optimizer):
     """Mixed into the user's optimizer class: push_pull each gradient as soon as it is ready."""
 
-    def __init__(self, params, named_parameters, compression, backward_passes_per_step=1):
+    def __init__(self, params, named_parameters, choice, backward_passes_per_step=1):
         super(self.__class__, self).__init__(params)
         ops = _ops()
+        compression = choice.compressor
         self._compression = compression
         self.backward_passes_per_step = backward_passes_per_step
         self._enable_async = env.ENABLE_ASYNC.get()
@@ -190,6 +194,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             declare("Gradient." + name, kwargs[name])
         for name in sorted(by_name):
             declare("Parameter." + name)
+        _c.announce(choice, _c.tally(compression, by_name.values()), ops.rank())
 
     # -- hooks -----------------------------------------------------------------------------------
     def _register_hooks(self):
@@ -274,19 +279,20 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
     """Wrap `optimizer` so that step() applies gradients averaged over all workers.
 
     Each gradient's push_pull starts as soon as backward() has produced it; step() waits for
-    them all. `compression`: `Compression.none`, `.fp16`, `.thc(...)` (or BytePS's own
-    `.onebit()`, `.topk(k)`, `.randomk(k)`, `.dithering(k)`); default: what `bpslaunch
-    --compressor` chose (`Compression.from_env()`). Every worker must use the same one.
+    them all. `compression`: `Compression.fp16`, `.thc(...)` (or BytePS's own `.onebit()`,
+    `.topk(k)`, `.randomk(k)`, `.dithering(k)`); None or `Compression.none`: what `bpslaunch
+    --compressor` chose (`Compression.from_env()`; none without it). Every worker must use the
+    same one.
     Call `synchronize()` then use `with optimizer.skip_synchronize(): optimizer.step()` to modify
     the averaged gradients (e.g. clipping) before they are applied.
     """
-    if compression is None:
-        compression = Compression.from_env()
     if isinstance(compression, type) and issubclass(compression, Compressor):
         compression = compression()
+    choice = _c.choose(compression, Compression.from_env)
+    _c.warn_conflict(choice, _ops().rank())
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                dict(_DistributedOptimizer.__dict__))
-    opt = cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step)
+    opt = cls(optimizer.param_groups, named_parameters, choice, backward_passes_per_step)
     if optimizer.state:  # keep any state the wrapped optimizer already has
         opt.load_state_dict(optimizer.state_dict())
     return opt

@@ -3,6 +3,7 @@ against a stand-in `byteps.torch.ops` that records what would reach BytePS.
 
 The real pipeline is exercised by tests/cluster/test_torch_*.py.
 """
+import io
 import sys
 import types
 
@@ -10,6 +11,7 @@ import pytest
 import torch
 
 from byteps_thc import ThcConfig
+from byteps_thc import compression as bc
 from byteps_thc import torch as bt
 from byteps_thc.torch import Compression
 
@@ -169,6 +171,63 @@ def test_optimizer_uses_the_launcher_choice_by_default(fake_ops, monkeypatch):
                                   named_parameters=model.named_parameters())
     assert opt._compression.config.seed == 77
     assert dict(fake_ops.declared)["Gradient.0.weight"]["thc_seed"] == "77"
+
+
+@pytest.fixture
+def report(monkeypatch):
+    """A fresh byteps_thc.compression report (the process's says each thing once per process)."""
+    r = bc.RunReport(at_exit=False, stream=io.StringIO())
+    monkeypatch.setattr(bc, "announce", r.announce)
+    monkeypatch.setattr(bc, "warn_conflict", r.warn_conflict)
+    return r
+
+
+@pytest.mark.parametrize("none", [Compression.none, bt.NoneCompressor])
+def test_explicit_none_takes_the_launchers_thc(fake_ops, monkeypatch, report, none, recwarn):
+    """Upstream's scripts pass compression=Compression.none (an instance, or upstream's class)."""
+    monkeypatch.setenv("BYTEPS_COMPRESSOR", "thc")
+    monkeypatch.setenv("BYTEPS_THC_SEED", "77")
+    model = _model()
+    opt = bt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                  named_parameters=model.named_parameters(), compression=none)
+    assert opt._compression == Compression.thc(seed=77)
+    assert dict(fake_ops.declared)["Gradient.0.weight"]["compressor_type"] == "thc"
+    assert len(recwarn) == 0
+    line = report.stream.getvalue()
+    # 0.weight is 128x256 float32 (128 KiB); 0.bias, 2.weight (4x256) and 2.bias are small
+    assert line.count("\n") == 1 and line.startswith("byteps-thc: compressor THC bits=4 ")
+    assert "seed=77" in line and "chosen by the environment (BYTEPS_COMPRESSOR=thc)" in line
+    assert "4 gradient tensors: 1 compressed, 3 under BYTEPS_MIN_COMPRESS_BYTES=65536" in line
+
+
+def test_explicit_fp16_stays_with_one_warning(fake_ops, monkeypatch, report):
+    monkeypatch.setenv("BYTEPS_COMPRESSOR", "thc")
+    monkeypatch.setenv("BYTEPS_COMPRESSOR_SET_BY", "bpslaunch")
+    model = _model()
+    with pytest.warns(UserWarning) as caught:
+        for _ in range(2):  # a second optimizer: the same warning is not repeated
+            opt = bt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                          named_parameters=model.named_parameters(),
+                                          compression=Compression.fp16)
+    assert opt._compression is Compression.fp16
+    assert all(kw == {} for _, kw in fake_ops.declared)
+    [w] = caught
+    assert "the script chose Compression.fp16, bpslaunch --compressor thc chose " \
+           "Compression.thc(" in str(w.message)
+    assert "the script's Compression.fp16 is in force" in str(w.message)
+    assert w.filename == __file__  # points at the script's call
+    assert report.stream.getvalue() == ("byteps-thc: compressor Compression.fp16; chosen by "
+                                        "script; 4 gradient tensors\n")
+
+
+def test_rank_1_says_nothing(fake_ops, monkeypatch, report, recwarn):
+    fake_ops._rank = 1
+    monkeypatch.setenv("BYTEPS_COMPRESSOR", "thc")
+    model = _model()
+    bt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                            named_parameters=model.named_parameters(),
+                            compression=Compression.fp16)
+    assert report.stream.getvalue() == "" and len(recwarn) == 0
 
 
 @pytest.mark.parametrize("value,refused", [("1", True), ("yes", True), ("0", False), ("", False)])

@@ -1,0 +1,83 @@
+"""A synthetic-data TensorFlow 2 / Keras 3 benchmark written the way BytePS's and Horovod's
+examples are: `bps.DistributedGradientTape` in a custom loop (--api tape) or
+`bps.DistributedOptimizer` with model.fit (--api fit), passing `compression=bps.Compression.none`
+explicitly (or `.fp16` with --fp16-pushpull). It knows nothing of byteps-thc;
+tests/cluster/test_compressor_flag.py runs it under `bpslaunch --compressor ...`.
+"""
+import argparse
+import os
+import timeit
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+
+import keras  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import byteps.tensorflow as bps  # noqa: E402
+
+parser = argparse.ArgumentParser(description="TensorFlow synthetic benchmark",
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+parser.add_argument("--api", choices=("tape", "fit"), default="tape",
+                    help="DistributedGradientTape in a tf.function, or DistributedOptimizer + fit")
+parser.add_argument("--fp16-pushpull", action="store_true", default=False,
+                    help="use fp16 compression during push_pull")
+parser.add_argument("--batch-size", type=int, default=16, help="input batch size")
+parser.add_argument("--input-size", type=int, default=1024, help="features per sample")
+parser.add_argument("--hidden", type=int, default=512, help="width of the hidden layers")
+parser.add_argument("--num-warmup-batches", type=int, default=2)
+parser.add_argument("--num-batches-per-iter", type=int, default=5)
+parser.add_argument("--num-iters", type=int, default=3)
+args = parser.parse_args()
+
+bps.init()
+keras.utils.set_random_seed(1234)
+model = keras.Sequential([keras.Input((args.input_size,)),
+                          keras.layers.Dense(args.hidden, activation="relu"),
+                          keras.layers.Dense(args.hidden, activation="relu"),
+                          keras.layers.Dense(10)])
+loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+compression = bps.Compression.fp16 if args.fp16_pushpull else bps.Compression.none
+data = tf.random.normal((args.batch_size, args.input_size), seed=1)
+target = tf.random.uniform((args.batch_size,), 0, 10, dtype=tf.int64, seed=2)
+
+
+def log(s):
+    if bps.rank() == 0:
+        print(s, flush=True)
+
+
+log(f"Model: MLP {args.input_size}-{args.hidden}-{args.hidden}-10, batch size {args.batch_size}, "
+    f"{bps.size()} workers, API {args.api}")
+steps = args.num_warmup_batches + args.num_batches_per_iter * args.num_iters
+if args.api == "tape":
+    opt = keras.optimizers.SGD(0.01)
+    bps.broadcast_variables(model.variables, root_rank=0)
+
+    @tf.function
+    def benchmark_step():
+        with tf.GradientTape() as tape:
+            loss = loss_fn(target, model(data, training=True))
+        tape = bps.DistributedGradientTape(tape, compression=compression)
+        grads = tape.gradient(loss, model.trainable_variables)
+        opt.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+    log("Running warmup...")
+    timeit.timeit(lambda: benchmark_step().numpy(), number=args.num_warmup_batches)
+    log("Running benchmark...")
+    for x in range(args.num_iters):
+        t = timeit.timeit(lambda: benchmark_step().numpy(), number=args.num_batches_per_iter)
+        log(f"Iter #{x}: {args.batch_size * args.num_batches_per_iter / t:.1f} samples/sec "
+            "per worker")
+    log(f"final loss {float(benchmark_step()):.4f}")
+else:
+    opt = bps.DistributedOptimizer(keras.optimizers.SGD(0.01), compression=compression)
+    model.compile(optimizer=opt, loss=loss_fn, jit_compile=False)
+    x = tf.tile(data, (steps, 1))
+    y = tf.tile(target, (steps,))
+    history = model.fit(x, y, batch_size=args.batch_size, epochs=1, shuffle=False,
+                        callbacks=[bps.BroadcastGlobalVariablesCallback(0)],
+                        verbose=2 if bps.rank() == 0 else 0)
+    log(f"final loss {history.history['loss'][-1]:.4f}")
+bps.shutdown()

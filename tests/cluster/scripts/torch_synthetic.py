@@ -1,0 +1,79 @@
+"""A synthetic-data PyTorch benchmark written the way BytePS's and Horovod's examples are.
+
+It knows nothing of byteps-thc: it passes `compression=bps.Compression.none` explicitly (or
+`.fp16` with --fp16-pushpull), as upstream's scripts do, and leaves everything else to the
+launcher. tests/cluster/test_compressor_flag.py runs it under `bpslaunch --compressor ...`.
+"""
+import argparse
+import timeit
+
+import torch
+import torch.nn.functional as F
+import torch.optim as optim
+
+import byteps.torch as bps
+
+parser = argparse.ArgumentParser(description="PyTorch synthetic benchmark",
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+parser.add_argument("--fp16-pushpull", action="store_true", default=False,
+                    help="use fp16 compression during push_pull")
+parser.add_argument("--batch-size", type=int, default=16, help="input batch size")
+parser.add_argument("--input-size", type=int, default=1024, help="features per sample")
+parser.add_argument("--hidden", type=int, default=512, help="width of the hidden layers")
+parser.add_argument("--num-warmup-batches", type=int, default=2)
+parser.add_argument("--num-batches-per-iter", type=int, default=5)
+parser.add_argument("--num-iters", type=int, default=3)
+parser.add_argument("--no-cuda", action="store_true", default=False, help="disables CUDA training")
+args = parser.parse_args()
+args.cuda = not args.no_cuda and torch.cuda.is_available()
+
+bps.init()
+torch.manual_seed(1234)
+if args.cuda:
+    torch.cuda.set_device(bps.local_rank())
+
+model = torch.nn.Sequential(
+    torch.nn.Linear(args.input_size, args.hidden), torch.nn.ReLU(),
+    torch.nn.Linear(args.hidden, args.hidden), torch.nn.ReLU(),
+    torch.nn.Linear(args.hidden, 10))
+if args.cuda:
+    model.cuda()
+
+optimizer = optim.SGD(model.parameters(), lr=0.01)
+compression = bps.Compression.fp16 if args.fp16_pushpull else bps.Compression.none
+optimizer = bps.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
+                                     compression=compression)
+bps.broadcast_parameters(model.state_dict(), root_rank=0)
+bps.broadcast_optimizer_state(optimizer, root_rank=0)
+
+data = torch.randn(args.batch_size, args.input_size)
+target = torch.randint(0, 10, (args.batch_size,))
+if args.cuda:
+    data, target = data.cuda(), target.cuda()
+
+
+def benchmark_step():
+    optimizer.zero_grad()
+    loss = F.cross_entropy(model(data), target)
+    loss.backward()
+    optimizer.step()
+    return loss
+
+
+def log(s):
+    if bps.rank() == 0:
+        print(s, flush=True)
+
+
+log(f"Model: MLP {args.input_size}-{args.hidden}-{args.hidden}-10, batch size {args.batch_size}, "
+    f"{bps.size()} workers")
+log("Running warmup...")
+timeit.timeit(benchmark_step, number=args.num_warmup_batches)
+log("Running benchmark...")
+rates = []
+for x in range(args.num_iters):
+    t = timeit.timeit(benchmark_step, number=args.num_batches_per_iter)
+    rates.append(args.batch_size * args.num_batches_per_iter / t)
+    log(f"Iter #{x}: {rates[-1]:.1f} samples/sec per worker")
+log(f"Samples/sec per worker: {sum(rates) / len(rates):.1f}")
+log(f"final loss {benchmark_step().item():.4f}")
