@@ -212,6 +212,7 @@ def compression_env(ns: argparse.Namespace,
     if ns.compressor == "thc":
         out.update(thc_config(ns, environ).to_env())
     out[env.COMPRESSOR.name] = ns.compressor
+    out[env.COMPRESSOR_SET_BY.name] = "bpslaunch"  # the workers' "what is in force" line says so
     if ns.compressor_k is not None:
         out[env.COMPRESSOR_K.name] = str(ns.compressor_k)
     if ns.compressor_ef is not None:

@@ -4,7 +4,8 @@
     bpslaunch --local 2 -- python example/pytorch/train_digits.py          # uncompressed
 
 Every worker trains on its own shard of the training set; gradients are averaged by BytePS, with
-whatever compression `bpslaunch --compressor` chose (or `--compressor` here, which overrides it).
+whatever compression `bpslaunch --compressor` chose (or `--compressor` here, which overrides it,
+except `--compressor none`: like upstream's `Compression.none`, it leaves the choice to bpslaunch).
 Prints per-epoch progress and the final test accuracy. `--stats-json` writes what rank 0 measured
 (accuracy, steps, bytes that crossed the loopback interface during training), for scripts/demo.py.
 

@@ -10,7 +10,8 @@ and TensorFlow 2 / Keras 3, in one of three styles.
 --mode fit:      Keras model.fit with bps.DistributedOptimizer and BroadcastGlobalVariablesCallback.
 
 Every worker trains on its own shard of the training set; gradients are averaged by BytePS, with
-whatever compression `bpslaunch --compressor` chose (or `--compressor` here, which overrides it).
+whatever compression `bpslaunch --compressor` chose (or `--compressor` here, which overrides it,
+except `--compressor none`: like upstream's `Compression.none`, it leaves the choice to bpslaunch).
 Prints per-epoch progress and the final test accuracy and a digest of the weights (equal on all
 workers). `--stats-json` writes what rank 0 measured. Without a BytePS launcher (no DMLC_ROLE) it
 trains in this one process, uncompressed.

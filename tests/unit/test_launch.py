@@ -57,7 +57,8 @@ def test_thc_flags_reach_the_environment():
     assert env == {
         "BYTEPS_COMPRESSOR": "thc", "BYTEPS_THC_BITS": "3", "BYTEPS_THC_GRANULARITY": "16",
         "BYTEPS_THC_OVERFLOW_PROB": repr(1 / 32), "BYTEPS_THC_SEED": "7",
-        "BYTEPS_THC_ROTATION_BLOCK": "0", "BYTEPS_THC_ERROR_FEEDBACK": "1"}
+        "BYTEPS_THC_ROTATION_BLOCK": "0", "BYTEPS_THC_ERROR_FEEDBACK": "1",
+        "BYTEPS_COMPRESSOR_SET_BY": "bpslaunch"}
     # what the workers read back is exactly what the flags said
     assert ThcConfig.from_env(env) == ThcConfig(bits=3, granularity=16, overflow_prob=1 / 32, seed=7)
 
