@@ -8,8 +8,6 @@ BYTEPS_THC_FORK_DIR=DIR runs the cluster on another build of the fork, one that
 `scripts/build_byteps.sh --target DIR` installed there (e.g. the series without one fix, see
 `make test-upstream-bugs`): every process imports `byteps` from DIR first. Unset: the .venv's.
 """
-import glob
-import importlib.util
 import os
 import shutil
 import signal
@@ -24,22 +22,6 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _fork_dir = os.environ.get("BYTEPS_THC_FORK_DIR", "")
 FORK_DIR = os.path.abspath(_fork_dir) if _fork_dir else ""  # another build of the fork (above)
-
-
-def fork_installed():
-    """The BytePS fork is installed (find_spec, not import: importing byteps.server serves)."""
-    if FORK_DIR:
-        return all(glob.glob(os.path.join(FORK_DIR, "byteps", sub, "c_lib*.so"))
-                   for sub in ("server", "torch"))
-    try:
-        return all(importlib.util.find_spec(m) is not None for m in ("byteps.server", "byteps.torch"))
-    except ImportError:
-        return False
-
-
-needs_fork = pytest.mark.skipif(not fork_installed(),
-                                reason="BytePS fork not installed (make byteps)"
-                                + (" in BYTEPS_THC_FORK_DIR=" + FORK_DIR if FORK_DIR else ""))
 
 
 def free_port():
@@ -127,14 +109,6 @@ def _kill_all(procs):
             p.wait(timeout=10)
         except subprocess.TimeoutExpired:
             pass
-
-
-@pytest.fixture
-def fork():
-    """Skip unless the BytePS fork is installed."""
-    if not fork_installed():
-        pytest.skip("BytePS fork not installed (make byteps)"
-                    + (" in BYTEPS_THC_FORK_DIR=" + FORK_DIR if FORK_DIR else ""))
 
 
 @pytest.fixture

@@ -6,8 +6,7 @@ import pytest
 
 from byteps_thc import advise, stackcost
 
-pytestmark = pytest.mark.skipif(stackcost.available() is not None,
-                                reason=f"no calibration cluster: {stackcost.available()}")
+pytestmark = pytest.mark.needs_fork
 
 
 # CPU times come from /proc in clock ticks (10 ms): the runs are sized so that the server, the
