@@ -6,13 +6,14 @@ PIP   := .venv/bin/pip
 VENV  := .venv/.stamp
 EXT   := byteps_thc/.ext-stamp
 
-.PHONY: all venv ext byteps test test-unit test-cluster demo bench clean distclean help
+.PHONY: all venv ext byteps lint test test-unit test-cluster demo bench clean distclean help
 
 all: ext
 
 help:
 	@echo "make demo   - set everything up, then train on a local cluster with THC"
 	@echo "make test   - set everything up, then run the tests"
+	@echo "make lint   - ruff on the Python (CI runs it before make test)"
 	@echo "make ext    - build the codec extension byteps_thc._C"
 	@echo "make byteps - build and install the BytePS fork (pinned sdist + our patches)"
 	@echo "make bench  - codec benchmark (scripts/bench_codec.py)"
@@ -33,6 +34,10 @@ ext: $(EXT)
 $(EXT): $(VENV) setup.py $(shell find csrc/thc csrc/python -type f 2>/dev/null)
 	$(PY) setup.py -q build_ext --inplace
 	@touch $@
+
+# Lint: ruff (pyproject.toml), pinned in requirements.txt.
+lint: $(VENV)
+	.venv/bin/ruff check .
 
 test-unit: ext
 	$(PY) -m pytest -q tests/unit

@@ -219,7 +219,7 @@ class Cluster:
                 raise r
             if r is None:
                 raise TimeoutError("a client thread did not finish")
-        return results  # type: ignore[return-value]
+        return results
 
     def server_text(self) -> str:
         return self.server_log.read_bytes().decode(errors="replace")
