@@ -13,7 +13,7 @@ all: ext
 help:
 	@echo "make demo   - set everything up, then train on a local cluster with THC"
 	@echo "make test   - set everything up, then run the tests"
-	@echo "make lint   - ruff on the Python (CI runs it before make test)"
+	@echo "make lint   - ruff on the Python, clang-format on our C++ (CI runs it first)"
 	@echo "make ext    - build the codec extension byteps_thc._C"
 	@echo "make byteps - build and install the BytePS fork (pinned sdist + our patches)"
 	@echo "make bench  - codec benchmark (scripts/bench_codec.py)"
@@ -35,9 +35,13 @@ $(EXT): $(VENV) setup.py $(shell find csrc/thc csrc/python -type f 2>/dev/null)
 	$(PY) setup.py -q build_ext --inplace
 	@touch $@
 
-# Lint: ruff (pyproject.toml), pinned in requirements.txt.
+# Lint: ruff (pyproject.toml) on the Python; clang-format (.clang-format) on our C++, less the
+# files listed in .clang-format-ignore (not formatted yet). Both are pinned in requirements.txt.
+CXX_SOURCES = $(shell find csrc tests -type f \( -name '*.h' -o -name '*.cc' -o -name '*.cu' \
+                      -o -name '*.cuh' \) | sort)
 lint: $(VENV)
 	.venv/bin/ruff check .
+	.venv/bin/clang-format --dry-run --Werror $(CXX_SOURCES)
 
 test-unit: ext
 	$(PY) -m pytest -q tests/unit
