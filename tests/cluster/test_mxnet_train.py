@@ -12,7 +12,6 @@ that variable (the environment's fork may be older than .venv's) or without the 
 import os
 import re
 import subprocess
-import sys
 import textwrap
 
 import pytest
