@@ -6,13 +6,14 @@ PIP   := .venv/bin/pip
 VENV  := .venv/.stamp
 EXT   := byteps_thc/.ext-stamp
 
-.PHONY: all venv ext byteps test test-unit test-cluster demo bench clean distclean help
+.PHONY: all venv ext byteps lint test test-unit test-cluster demo bench clean distclean help
 
 all: ext
 
 help:
 	@echo "make demo   - set everything up, then train on a local cluster with THC"
 	@echo "make test   - set everything up, then run the tests"
+	@echo "make lint   - ruff on the Python, clang-format on our C++ (CI runs it first)"
 	@echo "make ext    - build the codec extension byteps_thc._C"
 	@echo "make byteps - build and install the BytePS fork (pinned sdist + our patches)"
 	@echo "make bench  - codec benchmark (benchmarks/bench_codec.py)"
@@ -33,6 +34,14 @@ ext: $(EXT)
 $(EXT): $(VENV) setup.py $(shell find csrc/thc csrc/python -type f 2>/dev/null)
 	$(PY) setup.py -q build_ext --inplace
 	@touch $@
+
+# Lint: ruff (pyproject.toml) on the Python; clang-format (.clang-format) on our C++, less the
+# files listed in .clang-format-ignore (not formatted yet). Both are pinned in requirements.txt.
+CXX_SOURCES = $(shell find csrc tests -type f \( -name '*.h' -o -name '*.cc' -o -name '*.cu' \
+                      -o -name '*.cuh' \) | sort)
+lint: $(VENV)
+	.venv/bin/ruff check .
+	.venv/bin/clang-format --dry-run --Werror $(CXX_SOURCES)
 
 test-unit: ext
 	$(PY) -m pytest -q tests/unit

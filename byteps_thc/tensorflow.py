@@ -64,7 +64,7 @@ _NATIVE = (tf.int32, tf.int64, tf.float16, tf.float32, tf.float64)
 
 
 def _ops():
-    from byteps.tensorflow import ops  # noqa: WPS433 - deferred: byteps.tensorflow imports us
+    from byteps.tensorflow import ops  # deferred: byteps.tensorflow imports us
     return ops
 
 

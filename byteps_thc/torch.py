@@ -48,7 +48,7 @@ _NATIVE = (torch.float32, torch.float64, torch.float16, torch.uint8, torch.int32
 
 
 def _ops():
-    from byteps.torch import ops  # noqa: WPS433 - deferred: byteps.torch imports this module
+    from byteps.torch import ops  # deferred: byteps.torch imports this module
     return ops
 
 

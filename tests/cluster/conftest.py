@@ -8,8 +8,6 @@ BYTEPS_THC_FORK_DIR=DIR runs the cluster on another build of the fork, one that
 `scripts/build_byteps.sh --target DIR` installed there (e.g. the series without one fix, see
 `make test-upstream-bugs`): every process imports `byteps` from DIR first. Unset: the .venv's.
 """
-import glob
-import importlib.util
 import io
 import os
 import socket
@@ -22,22 +20,6 @@ from byteps_thc.launch.supervisor import ProcSpec, Supervisor
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _fork_dir = os.environ.get("BYTEPS_THC_FORK_DIR", "")
 FORK_DIR = os.path.abspath(_fork_dir) if _fork_dir else ""  # another build of the fork (above)
-
-
-def fork_installed():
-    """The BytePS fork is installed (find_spec, not import: importing byteps.server serves)."""
-    if FORK_DIR:
-        return all(glob.glob(os.path.join(FORK_DIR, "byteps", sub, "c_lib*.so"))
-                   for sub in ("server", "torch"))
-    try:
-        return all(importlib.util.find_spec(m) is not None for m in ("byteps.server", "byteps.torch"))
-    except ImportError:
-        return False
-
-
-needs_fork = pytest.mark.skipif(not fork_installed(),
-                                reason="BytePS fork not installed (make byteps)"
-                                + (" in BYTEPS_THC_FORK_DIR=" + FORK_DIR if FORK_DIR else ""))
 
 
 def free_port():
@@ -103,14 +85,6 @@ def byteps_cluster(worker_argv, num_workers=2, num_servers=1, timeout=120, env=N
                 else "cluster failed: " + outcome.message)
         raise AssertionError("%s\n%s" % (what, logs))
     return [(sup.procs[w].returncode, sup.logs[w].text()) for w in workers]
-
-
-@pytest.fixture
-def fork():
-    """Skip unless the BytePS fork is installed."""
-    if not fork_installed():
-        pytest.skip("BytePS fork not installed (make byteps)"
-                    + (" in BYTEPS_THC_FORK_DIR=" + FORK_DIR if FORK_DIR else ""))
 
 
 @pytest.fixture

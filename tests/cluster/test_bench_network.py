@@ -18,8 +18,7 @@ from benchmarks import bench_network, netem
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BENCH = os.path.join(ROOT, "benchmarks", "bench_network.py")
 
-needs_net = pytest.mark.skipif(netem.available() is not None,
-                               reason=f"emulated network unavailable: {netem.available()}")
+needs_net = pytest.mark.needs_root("ip", "tc")  # network namespaces, veth pairs, tbf qdiscs
 
 
 def _namespaces(prefix):
@@ -76,30 +75,8 @@ def test_killed_run_leaves_nothing_after_cleanup_stale():
     assert _namespaces(prefix) == []
 
 
-def _fork_missing():
-    if netem.available() is not None:
-        return f"emulated network unavailable: {netem.available()}"
-    why = bench_network.preflight()
-    if why is None and not _fork_has_thc():
-        why = "the installed BytePS fork has no THC compressor yet (make byteps)"
-    return why
-
-
-def _fork_has_thc():
-    import importlib.util
-    spec = importlib.util.find_spec("byteps")
-    d = os.path.join(list(spec.submodule_search_locations)[0], "torch")
-    for f in os.listdir(d):
-        if f.startswith("c_lib") and f.endswith(".so"):
-            with open(os.path.join(d, f), "rb") as fh:
-                return b"thc_compressor" in fh.read()
-    return False
-
-
-_WHY = _fork_missing()
-
-
-@pytest.mark.skipif(_WHY is not None, reason=f"cannot run: {_WHY}")
+@needs_net
+@pytest.mark.needs_fork
 def test_bench_smoke_tiny_model_two_compressors(tmp_path):
     out = tmp_path / "r.json"
     t0 = time.monotonic()

@@ -2,7 +2,6 @@
 
 Skipped when the BytePS fork is not installed (`make byteps`).
 """
-import importlib.util
 import os
 import re
 import signal
@@ -19,20 +18,7 @@ from byteps_thc.launch.supervisor import kill_groups
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def _have_byteps():
-    """The fork's server and torch plugin libraries are installed (found, not imported:
-    importing byteps.server starts a server)."""
-    spec = importlib.util.find_spec("byteps")
-    if spec is None or not spec.submodule_search_locations:
-        return False
-    pkg = list(spec.submodule_search_locations)[0]
-    return all(any(f.startswith("c_lib") and f.endswith(".so")
-                   for f in (os.listdir(os.path.join(pkg, sub))
-                             if os.path.isdir(os.path.join(pkg, sub)) else []))
-               for sub in ("server", "torch"))
-
-
-pytestmark = pytest.mark.skipif(not _have_byteps(), reason="BytePS fork not installed (make byteps)")
+pytestmark = pytest.mark.needs_fork
 
 
 def bpslaunch(args, timeout=240, env=None, cwd=ROOT):

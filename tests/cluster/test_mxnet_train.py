@@ -12,7 +12,6 @@ that variable (the environment's fork may be older than .venv's) or without the 
 import os
 import re
 import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -23,21 +22,14 @@ MXPY = os.environ.get("BYTEPS_THC_MXNET_PYTHON", os.path.join(ROOT, ".cache", "v
 EXAMPLE = os.path.join(ROOT, "example", "mxnet", "train_digits.py")
 
 
-def _missing():
-    if os.environ.get("BYTEPS_THC_TEST_MXNET") != "1":
-        return "MXNet runs in its own environment: make test-mxnet (BYTEPS_THC_TEST_MXNET=1)"
-    if not os.path.exists(MXPY):
-        return f"no MXNet environment at {MXPY} (make mxnet-env)"
-    probe = ("import importlib.util as u, os, sys; s = u.find_spec('byteps');"
-             "d = s and os.path.join(list(s.submodule_search_locations)[0], 'mxnet');"
-             "sys.exit(0 if d and any(f.startswith('c_lib') for f in os.listdir(d)) else 1)")
-    if subprocess.run([MXPY, "-c", probe], capture_output=True, timeout=60).returncode != 0:
-        return "the fork's MXNet plugin is not built in the MXNet environment (make mxnet-env)"
-    return None
-
-
-_MISSING = _missing()
-pytestmark = pytest.mark.skipif(_MISSING is not None, reason=str(_MISSING))
+pytestmark = [
+    pytest.mark.skipif(os.environ.get("BYTEPS_THC_TEST_MXNET") != "1",
+                       reason="MXNet runs in its own environment: make test-mxnet "
+                              "(BYTEPS_THC_TEST_MXNET=1)"),
+    pytest.mark.skipif(not os.path.exists(MXPY), reason=f"no MXNet environment at {MXPY} "
+                                                        "(make mxnet-env)"),
+    pytest.mark.needs_fork("mxnet", python=MXPY),  # checked after the two above
+]
 
 
 def launch(args, timeout=400):

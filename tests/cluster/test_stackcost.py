@@ -9,8 +9,8 @@ import pytest
 
 from byteps_thc.advisor import calibrate
 
-pytestmark = pytest.mark.skipif(calibrate.available() is not None,
-                                reason=f"no calibration cluster: {calibrate.available()}")
+pytestmark = pytest.mark.needs_fork
+
 
 # CPU times come from /proc in clock ticks (10 ms): the runs are sized so that the server, the
 # least busy role, spends several ticks (3 steps of two 4 MB top-k tensors once measured 0.0).

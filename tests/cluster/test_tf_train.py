@@ -16,7 +16,6 @@ Skipped, with the reason, when TensorFlow or the fork's TF plugin is not install
 builds the fork with it: BYTEPS_THC_TENSORFLOW=1). The cluster is bounded in time (the launcher's
 --timeout and the subprocess timeout): a failure never hangs.
 """
-import importlib.util
 import json
 import os
 import re
@@ -76,25 +75,7 @@ bps.shutdown()
 """
 
 
-def tf_plugin_missing():
-    """Why the TF tests cannot run, or None. Found, not imported (no TF in the test process)."""
-    if importlib.util.find_spec("tensorflow") is None:
-        return "tensorflow is not installed"
-    spec = importlib.util.find_spec("byteps")
-    if spec is None or not spec.submodule_search_locations:
-        return "BytePS fork not installed (make byteps)"
-    pkg = list(spec.submodule_search_locations)[0]
-    for sub in ("server", "tensorflow"):
-        d = os.path.join(pkg, sub)
-        if not (os.path.isdir(d) and any(f.startswith("c_lib") and f.endswith(".so")
-                                         for f in os.listdir(d))):
-            return (f"the fork's {sub} plugin is not built (make test-tf or make byteps-tf; "
-                    "build.log says why when it fails)")
-    return None
-
-
-_MISSING = tf_plugin_missing()
-pytestmark = pytest.mark.skipif(_MISSING is not None, reason=str(_MISSING))
+pytestmark = [pytest.mark.needs_tf, pytest.mark.needs_fork("server", "tensorflow")]
 
 
 def run_cluster(worker, args, timeout, launch_args=(), cwd=ROOT):

@@ -26,12 +26,11 @@ from byteps_thc import ThcConfig  # noqa: E402
 
 
 ROOT = tc.ROOT
+pytestmark = pytest.mark.needs_fork("server")  # the worker pipeline tests need torch's plugin too
 
 
 @pytest.fixture(scope="module")
 def client_exe(tmp_path_factory):
-    if tc.server_argv() is None:
-        pytest.skip("the BytePS fork is not built (make byteps)")
     if not tc.have_tools():
         pytest.skip("g++ not found")
     exe = tc.build_client(ROOT / "build" / "thc_client")
@@ -282,15 +281,6 @@ def test_invalid_kwargs_refused_with_message(cluster):
 
 
 # ---- the real worker pipeline ----------------------------------------------------------------
-def _fork_worker_installed():
-    import importlib.util
-    spec = importlib.util.find_spec("byteps")
-    if spec is None or not spec.submodule_search_locations:
-        return False
-    pkg = Path(list(spec.submodule_search_locations)[0])
-    return bool(list((pkg / "torch").glob("c_lib*.so"))) and tc.server_argv() is not None
-
-
 def _key_seed(seed, key):
     from byteps_thc.reference import splitmix64
     return splitmix64(seed ^ splitmix64(key ^ 0x7468635F6B657921))
@@ -344,11 +334,10 @@ def _run_local(n, tmp_path, steps, d, part_bytes, extra_env=None, timeout=300, s
     return proc.returncode, log
 
 
+@pytest.mark.needs_fork
 def test_worker_fails_with_message_on_mismatched_config(tmp_path):
     """Workers that declare different THC settings: the server logs the refusal naming the key and
     stays up until the launcher stops it; every worker fails with the server's message."""
-    if not _fork_worker_installed():
-        pytest.skip("the BytePS fork (server + torch plugin) is not installed (make byteps)")
     rc, log = _run_local(2, tmp_path, 1, 300_000, 1024000, {"THC_TEST_MISMATCH": "1"}, timeout=200)
     assert rc != 0, log[-3000:]
     assert "THC key 0: registration refused" in log, log[-3000:]
@@ -356,16 +345,16 @@ def test_worker_fails_with_message_on_mismatched_config(tmp_path):
     assert "seed=" in log
 
 
+@pytest.mark.needs_fork
 def test_worker_fails_with_message_on_nan_gradient(tmp_path):
     """A NaN in one worker's THC gradient: that worker fails with a message naming the tensor."""
-    if not _fork_worker_installed():
-        pytest.skip("the BytePS fork (server + torch plugin) is not installed (make byteps)")
     rc, log = _run_local(2, tmp_path, 1, 300_000, 1024000, {"THC_TEST_NAN_RANK": "1"}, timeout=200)
     assert rc != 0, log[-3000:]
     assert "THC: tensor 'byteps.thc_f32_0' (key 0" in log and "non-finite gradient" in log, \
         log[-3000:]
 
 
+@pytest.mark.needs_fork
 @pytest.mark.parametrize("n,servers", [(2, 1), (3, 1), (2, 2)],
                          ids=["2workers", "3workers", "2workers-2servers"])
 def test_worker_pipeline_bit_exact(n, servers, tmp_path):
@@ -373,8 +362,6 @@ def test_worker_pipeline_bit_exact(n, servers, tmp_path):
     over 3 steps, the server's integer sums and the decode reproduce the codec bit for bit, for
     float32 and float16 tensors split in several partitions (spread over the servers), out of
     place (the input left as it was) and in place; an uncompressed tensor still works."""
-    if not _fork_worker_installed():
-        pytest.skip("the BytePS fork (server + torch plugin) is not installed (make byteps)")
     part_bytes, steps, d = 1024000, 3, 600_000
     rc, log = _run_local(n, tmp_path, steps, d, part_bytes, servers=servers)
     assert rc == 0, log[-4000:]
