@@ -53,7 +53,7 @@ for mode in %(modes)r:
         r = ex.train(bps, args, mode, comp, data, name=name,
                      log=lambda line: print(name, line, flush=True))
         grads = [n for n in btf.declared_names() if n.startswith("Gradient.%%s/" %% name)]
-        thc = [n for n in grads if (btf._DECLARED[n] or {}).get("compressor_type") == "thc"]
+        thc = [n for n in grads if (btf.core._DECLARED[n] or {}).get("compressor_type") == "thc"]
         report("%%s-%%s" %% (mode, comp_name), accuracy=r["accuracy"], digest=r["digest"],
                gradient_names=len(grads), thc_names=len(thc),
                trainable_variables=r["trainable_variables"])

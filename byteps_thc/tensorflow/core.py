@@ -1,46 +1,8 @@
-"""TensorFlow 2 adapter of byteps-thc: THC (and BytePS's other compressors) for TF 2 and Keras 3.
+"""The collectives of the TensorFlow adapter: compressors, stable names, declare, push_pull and
+broadcast (byteps_thc.tensorflow re-exports the public API; its docstring says how they behave).
 
-The patched `byteps.tensorflow` (csrc/byteps/patches/0092-*) takes its training API from here, so
-user code stays BytePS's:
-
-    import byteps.tensorflow as bps
-    bps.init()
-    # custom loop (eager or tf.function)
-    with tf.GradientTape() as tape:
-        loss = ...
-    tape = bps.DistributedGradientTape(tape, compression=bps.Compression.thc(bits=4))
-    grads = tape.gradient(loss, model.trainable_variables)
-    # or Keras 3 model.fit
-    opt = bps.DistributedOptimizer(keras.optimizers.SGD(0.1), compression=bps.Compression.thc())
-    model.compile(optimizer=opt, loss=..., jit_compile=False)
-    model.fit(x, y, callbacks=[bps.BroadcastGlobalVariablesCallback(0)])
-
-Without `compression=`, or with `compression=Compression.none` (upstream's default, passed by its
-scripts as boilerplate), the tape and the optimizer use what `bpslaunch --compressor ...` chose
-(`Compression.from_env()`: BYTEPS_COMPRESSOR and BYTEPS_THC_*; every variable's name and default
-is in byteps_thc.env, THC's defaults are ThcConfig's); another explicit choice stays, with one
-warning on rank 0 if the launcher chose otherwise. At the first gradient declare rank 0 prints
-one line saying what is in force (byteps_thc.compression.announce). `push_pull` itself only
-compresses with what it is given.
-
-Names. BytePS keys a tensor by its name, and every worker must declare the same names in the same
-order. Here every variable gets one stable name for the life of the process, from its Keras path
-(or tf.Variable name), made unique in order of first use: gradients travel as
-"Gradient.<name>", broadcasts as "Parameter.<name>". Eager and tf.function use the same names, so a
-program can mix them. An unnamed eager `push_pull` of a plain tensor is refused (upstream gave it
-a random name per call: a new key and buffer every step); inside tf.function unnamed tensors are
-named after their graph tensor, as upstream does.
-
-THC reaches BytePS's C++ compressor registry exactly as in PyTorch: each gradient name is
-declared once with the compressor's kwargs (`ThcConfig.to_kwargs()`), and BytePS's worker
-pipeline compresses every partition; nothing of THC's math runs in Python. Tensors smaller than
-BYTEPS_MIN_COMPRESS_BYTES (env.MIN_COMPRESS_BYTES) travel uncompressed.
-
-In eager mode the push_pulls of one gradient list run as one tf.function (cached per list of
-names), so all of them are in flight at once, as they are inside a traced train step.
-
-`byteps.tensorflow.ops` is imported only when a function needs it, so that this module (and the
-compression objects) can be imported, and tested, without a BytePS build.
+`byteps.tensorflow.ops` is imported only when a function needs it (`_ops`), so that this module
+can be imported, and tested, without a BytePS build.
 """
 from __future__ import annotations
 
@@ -52,9 +14,8 @@ from typing import Dict, List, Mapping, Optional, Sequence
 
 import tensorflow as tf
 
-from . import compression as _c
-from .compression import Compressor
-from .config import ThcConfig  # noqa: F401 - part of this module's namespace
+from .. import compression as _c
+from ..compression import Compressor
 
 Average = "Average"
 Sum = "Sum"
@@ -153,7 +114,7 @@ def _resolve(compression) -> Compressor:
     return compression
 
 
-def _choose(compression) -> _c.Choice:
+def choose(compression) -> _c.Choice:
     """The tape's or optimizer's compressor: the script's explicit choice, else the launcher's."""
     choice = _c.choose(None if compression is None else _resolve(compression),
                        Compression.from_env)
@@ -242,7 +203,7 @@ def declared_names() -> List[str]:
 _LR_FILE = None
 
 
-def _learning_rate_file(lr: float = 1.0):
+def learning_rate_file(lr: float = 1.0):
     """The process's `./lr.s` (byteps_thc.compression.LearningRateFile), created on first use:
     by the first declare of a tensor with BytePS's vanilla error feedback (rate 1.0: the kept
     error is carried over unscaled) or by a DistributedOptimizer that sets its rate."""
@@ -281,7 +242,7 @@ def declare(name: str, kwargs: Optional[Mapping[str, str]] = None) -> None:
                                "kwargs (byteps_tensorflow_declare_tensor_kwargs); rebuild it with "
                                "`make byteps`")
         if _c.uses_vanilla_ef(kwargs):
-            _learning_rate_file()  # BytePS's vanilla EF opens ./lr.s with the compressor
+            learning_rate_file()  # BytePS's vanilla EF opens ./lr.s with the compressor
         items = sorted((kwargs or {}).items())
         n = len(items)
         keys = (ctypes.c_char_p * max(n, 1))(*[k.encode() for k, _ in items])
@@ -316,7 +277,7 @@ def _push_pull_one(tensor, name: str, compression: Compressor, average: bool):
 _BATCHED: Dict[tuple, object] = {}
 
 
-def _push_pull_list(tensors: Sequence, names: Sequence[str], compression: Compressor,
+def push_pull_list(tensors: Sequence, names: Sequence[str], compression: Compressor,
                     average: bool) -> list:
     """push_pull of several tensors, all in flight at once (one tf.function in eager mode)."""
     if not tensors:
@@ -380,7 +341,7 @@ def _broadcast_list(tensors: Sequence, names: Sequence[str], root_rank: int) -> 
         dtypes.append(t.dtype)
         w = tf.cast(t, _exact_dtype(t.dtype))
         wires.append(w if me == root_rank else tf.zeros_like(w))
-    out = _push_pull_list(wires, names, Compression.none, average=False)
+    out = push_pull_list(wires, names, Compression.none, average=False)
     return [tf.cast(o, d) for o, d in zip(out, dtypes)]
 
 
@@ -422,7 +383,7 @@ def broadcast_global_variables(root_rank: int):
 _ANNOUNCED: set = set()  # gradient name lists already counted by _c.announce
 
 
-def _push_pull_grads(grads: list, sources: list, choice: _c.Choice, average: bool,
+def push_pull_grads(grads: list, sources: list, choice: _c.Choice, average: bool,
                      prefix: str = "Gradient.") -> list:
     """push_pull every gradient under its source's stable name (None gradients stay None)."""
     compression = choice.compressor
@@ -439,182 +400,8 @@ def _push_pull_grads(grads: list, sources: list, choice: _c.Choice, average: boo
         _ANNOUNCED.add(tuple(names))
         counts = _c.tally(compression, [tf.convert_to_tensor(g) for _, g in todo])
         _c.announce(choice, counts, rank())
-    reduced = _push_pull_list([g for _, g in todo], names, compression, average)
+    reduced = push_pull_list([g for _, g in todo], names, compression, average)
     out = list(grads)
     for (i, _), r in zip(todo, reduced):
         out[i] = r
     return out
-
-
-# ------------------------------------------------------------------------------------------------
-# DistributedGradientTape
-# ------------------------------------------------------------------------------------------------
-class _DistributedGradientTape:
-    """Wraps a tf.GradientTape: gradient() returns gradients averaged over all workers.
-
-    Everything else (watch, stop_recording, jacobian, ...) is the wrapped tape's; it can also be
-    used as the context manager itself: `with bps.DistributedGradientTape(tf.GradientTape()) as t:`.
-    """
-
-    def __init__(self, tape, choice, op, prefix):
-        self._bps_tape = tape
-        self._bps_choice = choice
-        self._bps_average = op == Average
-        self._bps_prefix = prefix
-
-    def __enter__(self):
-        self._bps_tape.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        return self._bps_tape.__exit__(*exc)
-
-    def __getattr__(self, attr):
-        return getattr(self._bps_tape, attr)
-
-    def gradient(self, target, sources, output_gradients=None,
-                 unconnected_gradients=tf.UnconnectedGradients.NONE):
-        grads = self._bps_tape.gradient(target, sources, output_gradients,
-                                        unconnected_gradients=unconnected_gradients)
-        if size() <= 1:
-            return grads
-        flat_sources = tf.nest.flatten(sources)
-        flat_grads = tf.nest.flatten(grads)
-        reduced = _push_pull_grads(flat_grads, flat_sources, self._bps_choice,
-                                   self._bps_average, self._bps_prefix)
-        return tf.nest.pack_sequence_as(grads, reduced)
-
-
-def DistributedGradientTape(gradtape, device_dense: str = "", device_sparse: str = "",
-                            compression=None, sparse_as_dense: bool = True, op=Average,
-                            prefix: str = "Gradient."):
-    """A tape whose gradient() averages the gradients over all workers.
-
-    `compression`: `Compression.thc(...)` etc.; None or `Compression.none`: what `bpslaunch
-    --compressor` chose (none without it).
-    Each gradient travels under its variable's stable name (`prefix` + variable_name(var)); a
-    gradient of a watched plain tensor is named by its position in `sources`. Sparse gradients
-    (IndexedSlices) are pushed dense. Works in eager mode and inside tf.function.
-    """
-    if op not in (Average, Sum):
-        raise ValueError(f"op={op!r}: byteps-thc supports Average and Sum")
-    return _DistributedGradientTape(gradtape, _choose(compression), op, prefix)
-
-
-# ------------------------------------------------------------------------------------------------
-# Keras 3 DistributedOptimizer and callbacks
-# ------------------------------------------------------------------------------------------------
-class _DistributedKerasOptimizer:
-    """Mixed in front of the user's Keras 3 optimizer class: apply() (which apply_gradients and
-    model.fit call) averages the gradients over all workers first."""
-
-    def apply(self, grads, trainable_variables=None):
-        grads = list(grads)
-        if grads and size() > 1:
-            if _c.uses_vanilla_ef(getattr(self._bps_compression, "_kwargs", None)):
-                self._bps_set_learning_rate()
-            if trainable_variables is None:
-                variables = list(self._trainable_variables)
-            else:
-                trainable_variables = list(trainable_variables)
-                variables = trainable_variables
-            grads = _push_pull_grads(grads, variables, self._bps_choice,
-                                     self._bps_average, self._bps_prefix)
-        return super().apply(grads, trainable_variables)
-
-
-    def _bps_set_learning_rate(self):
-        """./lr.s for BytePS's vanilla error feedback: the rate of this step (a schedule's
-        value at the current iteration), written before the gradients are pushed."""
-        _learning_rate_file()
-        if tf.executing_eagerly():
-            set_learning_rate(self.learning_rate)
-        else:  # inside tf.function (model.fit): a Python call at every run of the graph
-            tf.py_function(lambda lr: set_learning_rate(lr.numpy()),
-                           [tf.convert_to_tensor(self.learning_rate)], [])
-
-
-def DistributedOptimizer(optimizer, name: Optional[str] = None, use_locking: bool = False,
-                         device_dense: str = "", device_sparse: str = "", compression=None,
-                         sparse_as_dense: bool = True, backward_passes_per_step: int = 1,
-                         op=Average, prefix: str = "Gradient."):
-    """Wrap a Keras 3 optimizer: every apply()/apply_gradients() (custom loops and model.fit)
-    first averages the gradients over all workers, each under its variable's stable name.
-
-    Wrap the optimizer before it is built (it is re-created from its config); the result is an
-    instance of a subclass of the optimizer's class with the same class name, so saved models
-    load without BytePS. With model.fit, compile with `jit_compile=False` on GPU machines (the
-    BytePS op has no XLA kernel). `compression`: None or `Compression.none`: what `bpslaunch
-    --compressor` chose (none without it).
-    """
-    import keras
-    if not isinstance(optimizer, keras.optimizers.Optimizer):
-        raise ValueError(f"{type(optimizer).__name__} is not a Keras 3 optimizer "
-                         "(keras.optimizers.Optimizer); for other training loops use "
-                         "bps.DistributedGradientTape")
-    if backward_passes_per_step != 1:
-        raise ValueError("backward_passes_per_step > 1: use the Keras optimizer's own "
-                         "gradient_accumulation_steps")
-    if op not in (Average, Sum):
-        raise ValueError(f"op={op!r}: byteps-thc supports Average and Sum")
-    base = type(optimizer)
-    if isinstance(optimizer, _DistributedKerasOptimizer):
-        raise ValueError("the optimizer is already a DistributedOptimizer")
-    cls = type(base.__name__, (_DistributedKerasOptimizer, base),
-               {"__module__": base.__module__, "__qualname__": base.__qualname__})
-    config = optimizer.get_config()
-    if name is not None:
-        config["name"] = name
-    opt = cls.from_config(config)
-    opt._bps_choice = _choose(compression)
-    opt._bps_compression = opt._bps_choice.compressor
-    opt._bps_average = op == Average
-    opt._bps_prefix = prefix
-    return opt
-
-
-def _keras_callback_base():
-    import keras
-    return keras.callbacks.Callback
-
-
-class BroadcastGlobalVariablesCallback(_keras_callback_base()):
-    """Keras callback: at the start of training, every worker takes `root_rank`'s model (and
-    built optimizer) variables, so that all workers start from the same state."""
-
-    def __init__(self, root_rank: int = 0, device: str = ""):
-        super().__init__()
-        self.root_rank = root_rank
-        self.device = device
-
-    def on_train_begin(self, logs=None):
-        if size() <= 1:
-            return
-        with tf.device(self.device):
-            broadcast_variables(self.model.variables, self.root_rank)
-            opt = getattr(self.model, "optimizer", None)
-            if opt is not None and getattr(opt, "built", False):
-                broadcast_variables(opt.variables, self.root_rank)
-
-
-class MetricAverageCallback(_keras_callback_base()):
-    """Keras callback: epoch-end metrics (logs) averaged over all workers."""
-
-    def on_epoch_end(self, epoch, logs=None):
-        if logs is None or size() <= 1:
-            return
-        keys = sorted(k for k, v in logs.items() if isinstance(v, (int, float)))
-        if not keys:
-            return
-        values = [tf.constant(float(logs[k]), tf.float64) for k in keys]
-        out = _push_pull_list(values, ["Metric." + k for k in keys], Compression.none, True)
-        for k, v in zip(keys, out):
-            logs[k] = float(v.numpy())
-
-
-__all__ = ["Compression", "Compressor", "NoneCompressor", "FP16Compressor", "RegistryCompressor",
-           "ThcCompressor", "push_pull", "broadcast", "broadcast_variables",
-           "broadcast_global_variables", "DistributedGradientTape", "DistributedOptimizer",
-           "BroadcastGlobalVariablesCallback", "MetricAverageCallback", "declare",
-           "declared_names", "variable_name", "set_learning_rate",
-           "Average", "Sum"]
