@@ -29,7 +29,6 @@ from .config import ThcConfig
 __all__ = ["ThcCodec", "ThcAggregator", "active_isa", "force_isa"]
 
 _CONVERTIBLE = ("float16", "bfloat16", "float64")
-_MAX_SIZE = 1 << 32
 
 
 def active_isa() -> str:
@@ -42,19 +41,8 @@ def force_isa(name: str) -> bool:
     return _C.force_isa(name)
 
 
-@functools.lru_cache(maxsize=64)
-def _core_config(cfg: ThcConfig) -> "_C.Config":
-    c = _C.Config()
-    c.bits = cfg.bits
-    c.granularity = cfg.granularity
-    c.clip = float(cfg.clip)
-    c.seed = cfg.seed
-    c.rotation_block = cfg.rotation_block or 0
-    c.table = [int(v) for v in cfg.table]
-    err = _C.validate(c)
-    if err:
-        raise ValueError(f"invalid THC configuration: {err}")
-    return c
+# The core's Config of a ThcConfig (validated): the binding's one converter, cached per config.
+_core_config = functools.lru_cache(maxsize=64)(_C.core_config)
 
 
 def _check_config(cfg: Any) -> ThcConfig:
@@ -160,8 +148,8 @@ class ThcCodec:
 
     def __init__(self, cfg: ThcConfig, size: int, rank: int = 0):
         self.config = _check_config(cfg)
-        self.size = _check_int("size", size, 1, _MAX_SIZE)
-        self.rank = _check_int("rank", rank, 0, (1 << 24) - 1)
+        self.size = _check_int("size", size, 1, _C.MAX_SIZE)
+        self.rank = _check_int("rank", rank, 0, _C.MAX_RANK)
         self._core = _core_config(cfg)
         self._enc = _C.Encoder(self._core, self.size, self.rank, cfg.error_feedback)
         geo = self._enc.geometry
@@ -181,7 +169,7 @@ class ThcCodec:
 
     @step.setter
     def step(self, value: int) -> None:
-        value = _check_int("step", value, 0, (1 << 40) - 1)
+        value = _check_int("step", value, 0, _C.MAX_STEP)
         if self._device is not None:
             self._device.step = value
         self._enc.step = value
@@ -247,7 +235,7 @@ class ThcCodec:
         """The estimate of the mean input of `num_workers` workers from the aggregated sums
         (`padded` lanes, as ThcAggregator.result() gives). `out`: an optional float32 array of
         size elements to write into; it is returned."""
-        n = _check_int("num_workers", num_workers, 1, (1 << 32) - 1)
+        n = _check_int("num_workers", num_workers, 1, _C.MAX_WORKERS)
         self.config.lane_bits(n)  # raises when n*g overflows a 32-bit lane
         dev = self._on_device(sums, "sums")
         if dev is not None:
@@ -261,8 +249,8 @@ class ThcAggregator:
 
     def __init__(self, cfg: ThcConfig, size: int, num_workers: int):
         self.config = _check_config(cfg)
-        self.size = _check_int("size", size, 1, _MAX_SIZE)
-        self.num_workers = _check_int("num_workers", num_workers, 1, (1 << 32) - 1)
+        self.size = _check_int("size", size, 1, _C.MAX_SIZE)
+        self.num_workers = _check_int("num_workers", num_workers, 1, _C.MAX_WORKERS)
         self.lane_bits = cfg.lane_bits(self.num_workers)  # raises on overflow-prone settings
         self._agg = _C.Aggregator(_core_config(cfg), self.size, self.num_workers)
         self.payload_bytes = self._agg.geometry["payload_bytes"]

@@ -33,19 +33,20 @@ from typing import Any, Optional
 
 from .config import ThcConfig
 
-_STATUS_TEXT = {1: "gradient contains NaN or Inf",
-                2: "max_norm is NaN, Inf or negative",
-                4: "the Hadamard rotation overflowed float32 (Inf from finite values near FLT_MAX, "
-                   "or a max_norm so large that the error-feedback scale is Inf)"}
 
-
-def _kernels():
-    """byteps_thc._C.cuda, or None when the extension was built without CUDA."""
+def _extension():
+    """byteps_thc._C, or None when it is not built (this module imports without it)."""
     try:
         from . import _C
     except ImportError:
         return None
-    return getattr(_C, "cuda", None) if getattr(_C, "with_cuda", False) else None
+    return _C
+
+
+def _kernels():
+    """byteps_thc._C.cuda, or None when the extension was built without CUDA."""
+    ext = _extension()
+    return getattr(ext, "cuda", None) if getattr(ext, "with_cuda", False) else None
 
 
 def built_with_cuda() -> bool:
@@ -77,8 +78,8 @@ def device_code(cfg: ThcConfig, fused_max_log: int = 14, column_max_bits: int = 
     """The kernels' copy of the configuration (table included). The planning knobs force more
     transform passes and chunks on small sizes (tests); leave them at their defaults otherwise."""
     k = _require()
-    return k.Code(cfg.bits, cfg.granularity, float(cfg.clip), cfg.seed, cfg.rotation_block or 0,
-                  [int(v) for v in cfg.table], fused_max_log, column_max_bits, chunk_log)
+    return k.code_from_config(_extension().core_config(cfg), fused_max_log, column_max_bits,
+                              chunk_log)
 
 
 def _dtype_code(dtype) -> int:
@@ -126,10 +127,8 @@ def _max_norm_args(max_norm, device):
 
 def _raise_status(value: int, what: str):
     if value:
-        if value & 1:
-            value &= ~4  # a NaN/Inf gradient makes y non-finite too: report the cause only
-        text = "; ".join(t for bit, t in _STATUS_TEXT.items() if value & bit) or f"status {value}"
-        raise ValueError(f"{what}: {text}; the step and the residual are unchanged")
+        raise ValueError(f"{what}: {_require().status_text(value)}; "
+                         "the step and the residual are unchanged")
 
 
 class CudaCodec:
@@ -145,10 +144,12 @@ class CudaCodec:
         torch, k = _torch(), _require()
         if not isinstance(cfg, ThcConfig):
             raise ValueError(f"cfg must be a ThcConfig, got {type(cfg).__name__}")
-        if not isinstance(size, int) or size < 1:
-            raise ValueError(f"size={size!r} must be a positive integer")
-        if not isinstance(rank, int) or not 0 <= rank < (1 << 24):
-            raise ValueError(f"rank={rank!r} must be an integer in [0, 2^24)")
+        max_size = _extension().MAX_SIZE
+        if not isinstance(size, int) or not 1 <= size <= max_size:
+            raise ValueError(f"size={size!r} must be an integer in [1, {max_size}]")
+        max_rank = _extension().MAX_RANK
+        if not isinstance(rank, int) or not 0 <= rank <= max_rank:
+            raise ValueError(f"rank={rank!r} must be an integer in [0, {max_rank}]")
         self.config, self.size, self.rank = cfg, size, rank
         self.device = torch.device(device if device is not None else "cuda", )
         if self.device.index is None:
@@ -178,8 +179,9 @@ class CudaCodec:
 
     @step.setter
     def step(self, value: int) -> None:
-        if not isinstance(value, int) or not 0 <= value < (1 << 40):
-            raise ValueError(f"step={value!r} must be an integer in [0, 2^40)")
+        max_step = _extension().MAX_STEP
+        if not isinstance(value, int) or not 0 <= value <= max_step:
+            raise ValueError(f"step={value!r} must be an integer in [0, {max_step}]")
         self._step = value
 
     @property

@@ -15,7 +15,9 @@
 #          (a test variant, e.g. to show a fix's test failing without it; needs --target, never
 #          .venv; built in .cache/byteps/build-without-NNNN/, apart from the normal build)
 #        scripts/build_byteps.sh --devtree DIR     # git tree: pristine sdist + one commit a patch
+#          (message: the patch's file name, a blank line, then its subject and body)
 #        scripts/build_byteps.sh --export DIR      # rewrite the patch series from that tree
+#          (every header: subject = what, <= 72 chars; body = why; no dates, one author)
 # Environment:
 #   BYTEPS_THC_CPU_ONLY=1|0  force the CPU-only worker (1) or the CUDA/NCCL worker (0). Unset: CUDA
 #                            only when torch is built with CUDA *and* sees a GPU (driver + device);
@@ -51,7 +53,7 @@ while [ $# -gt 0 ]; do
     --without) without="${without:+$without,}$2"; shift ;;
     --devtree) devtree="$2"; shift ;;
     --export) export_dir="$2"; shift ;;
-    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
     *) die "unknown argument $1" ;;
   esac
   shift
@@ -97,10 +99,14 @@ if [ -n "$devtree" ]; then
   for p in $(patch_list); do
     git apply --whitespace=nowarn "$p" || die "$(basename "$p") does not apply"
     git add -A
-    # the message: the file name as subject, then the patch's own words (its subject and body)
-    msg="$(awk '/^Subject: /{on=1} on&&(/^---$/||/^diff --git /){exit} on' "$p" |
-           sed '1s/^Subject: \(\[PATCH\] \)\{0,1\}//')"
-    [ "$(head -n1 <<< "$msg")" = "$(basename "$p")" ] || msg="$(basename "$p")"$'\n\n'"$msg"
+    # The commit message: the file name, then the patch's subject (what) and body (why).
+    # format-patch folds a long Subject header over lines that start with a space: unfold it.
+    msg="$(awk '/^Subject: /{on=1; sub(/^Subject: (\[PATCH\] )?/, ""); printf "%s", $0; next}
+                on==1 && /^ /{printf "%s", $0; next}
+                on==1{on=2; print ""}
+                on==2 && (/^---$/||/^diff --git /){exit}
+                on==2' "$p")"
+    msg="$(basename "$p")"$'\n\n'"$msg"
     git -c user.name=byteps-thc -c user.email=byteps-thc@localhost commit -q -m "$msg"
   done
   log "dev tree ready in $devtree: one commit a patch (subject = patch file name), tag 'pristine'"
@@ -111,10 +117,20 @@ if [ -n "$export_dir" ]; then
   for c in $(git rev-list --reverse pristine..HEAD); do
     name="$(git log -1 --format=%s "$c")"
     [[ "$name" =~ ^[0-9]{4}-[A-Za-z0-9._-]+\.patch$ ]] || die "commit $c: subject must be NNNN-name.patch, is '$name'"
+    # One convention for every patch header: the message after the file name is the patch's
+    # subject (what it does, 72 characters at most) and a body (why).
+    msg="$(git log -1 --format=%B "$c" | sed '1,/^$/d')"
+    subject="$(head -n1 <<< "$msg")"
+    [ -n "$subject" ] && [ ${#subject} -le 72 ] || die "$name: subject (what, <= 72 chars) is '$subject'"
+    [ -n "$(sed '1,/^$/d' <<< "$msg" | tr -d '[:space:]')" ] || die "$name: no body (why) after the subject"
+    # the patch as its own commit, with a fixed author and no dates: unchanged patches stay
+    # byte-identical
+    pc="$(GIT_AUTHOR_NAME=byteps-thc GIT_AUTHOR_EMAIL=byteps-thc@localhost \
+          GIT_COMMITTER_NAME=byteps-thc GIT_COMMITTER_EMAIL=byteps-thc@localhost \
+          git commit-tree "$c^{tree}" -p "$c^" -m "$msg")"
     tmp="$(mktemp)"
-    git format-patch -1 "$c" -U1 --no-signature --zero-commit --no-stat --stdout |
-      sed '/^Date: /d' > "$tmp"   # unchanged patches stay byte-identical
-    # the first line of the message is the file name (the subject); the rest says why
+    git format-patch -1 "$pc" -U1 --no-signature --zero-commit --no-stat --stdout |
+      sed '/^Date: /d' > "$tmp"
     if cmp -s "$tmp" "$PATCHES/$name"; then rm -f "$tmp"; else mv "$tmp" "$PATCHES/$name"; log "wrote csrc/byteps/patches/$name"; fi
   done
   exit 0

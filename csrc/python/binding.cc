@@ -40,6 +40,26 @@ void CheckConfig(const thc::Config& cfg) {
   if (!err.empty()) Fail("invalid THC configuration: " + err);
 }
 
+// A core call failed: what it was, the core's text for the status, and what became of the state.
+[[noreturn]] void FailStatus(const std::string& what, thc::Status st, const char* after = "") {
+  Fail(what + ": " + thc::StatusText(st) + after);
+}
+
+// The one ThcConfig -> thc::Config conversion (codec.py, cuda.py and the tests call it as
+// _C.core_config): the dataclass's fields, rotation_block None = 0 (the whole partition), checked.
+thc::Config CoreConfig(const py::handle& c) {
+  thc::Config cfg;
+  cfg.bits = c.attr("bits").cast<int>();
+  cfg.granularity = c.attr("granularity").cast<uint32_t>();
+  cfg.clip = c.attr("clip").cast<double>();
+  cfg.seed = c.attr("seed").cast<uint64_t>();
+  py::object block = c.attr("rotation_block");
+  cfg.rotation_block = block.is_none() ? 0 : block.cast<uint64_t>();
+  cfg.table = c.attr("table").cast<std::vector<uint32_t>>();
+  CheckConfig(cfg);
+  return cfg;
+}
+
 // A 1-D C-contiguous array of exactly dtype T.
 template <class T>
 py::array_t<T> Vector(const py::handle& obj, const char* what, size_t expect = 0,
@@ -85,9 +105,9 @@ void CheckMaxNorm(double max_norm) {
 
 void CheckSize(size_t d) {
   if (d == 0) Fail("size must be >= 1, got 0");
-  if (d > (size_t(1) << 32)) {
+  if (d > thc::kMaxSize) {
     std::ostringstream m;
-    m << "size must be at most 2^32 elements, got " << d;
+    m << "size must be at most " << thc::kMaxSize << " elements, got " << d;
     Fail(m.str());
   }
 }
@@ -106,9 +126,9 @@ class PyEncoder {
   PyEncoder(const thc::Config& cfg, size_t d, uint32_t rank, bool error_feedback) {
     CheckConfig(cfg);
     CheckSize(d);
-    if (rank >= (1u << 24)) {
+    if (rank > thc::kMaxRank) {
       std::ostringstream m;
-      m << "rank must be < 2^24, got " << rank;
+      m << "rank must be at most " << thc::kMaxRank << ", got " << rank;
       Fail(m.str());
     }
     enc_ = std::make_unique<thc::Encoder>(cfg, d, rank, error_feedback);
@@ -122,10 +142,7 @@ class PyEncoder {
       py::gil_scoped_release nogil;
       st = enc_->Norm(a.data(), &n);
     }
-    if (st == thc::Status::kNonFinite) Fail("x contains NaN or Inf");
-    if (st == thc::Status::kOverflow)
-      Fail("the Hadamard rotation of x + residual overflowed float32 (Inf from finite values "
-           "near FLT_MAX = 3.4e38)");
+    if (st != thc::Status::kOk) FailStatus(ef_ ? "norm of x + residual" : "norm of x", st);
     return n;
   }
   py::array_t<uint8_t> Encode(const py::handle& x, double max_norm, const py::handle& out_obj) {
@@ -140,12 +157,8 @@ class PyEncoder {
       py::gil_scoped_release nogil;
       st = enc_->Encode(a.data(), max_norm, out.mutable_data());
     }
-    if (st == thc::Status::kNonFinite) Fail("x contains NaN or Inf; nothing was changed");
-    if (st == thc::Status::kOverflow)
-      Fail(std::string("the Hadamard rotation of ") + (ef_ ? "x + residual" : "x") +
-           " overflowed float32 (Inf from finite values near FLT_MAX = 3.4e38, or a max_norm "
-           "so large that the error-feedback scale is Inf); nothing was changed");
-    if (st != thc::Status::kOk) Fail("encode failed (bad argument)");
+    if (st != thc::Status::kOk)
+      FailStatus(ef_ ? "encode of x + residual" : "encode of x", st, "; nothing was changed");
     return out;
   }
   py::object Residual() const {
@@ -240,7 +253,7 @@ py::array_t<float> DecodePy(const thc::Config& cfg, size_t d, const py::handle& 
     py::gil_scoped_release nogil;
     st = thc::Decode(cfg, d, a.data(), lane, num_workers, max_norm, out.mutable_data());
   }
-  if (st != thc::Status::kOk) Fail("decode failed");
+  if (st != thc::Status::kOk) FailStatus("decode", st);
   return out;
 }
 
@@ -280,6 +293,19 @@ PYBIND11_MODULE(_C, m) {
       .def_readwrite("seed", &thc::Config::seed)
       .def_readwrite("rotation_block", &thc::Config::rotation_block)
       .def_readwrite("table", &thc::Config::table);
+
+  // The core's limits (inclusive) and status texts: Python restates none of them.
+  m.attr("MAX_SIZE") = thc::kMaxSize;
+  m.attr("MAX_RANK") = thc::kMaxRank;
+  m.attr("MAX_STEP") = thc::kMaxStep;
+  m.attr("MAX_GRANULARITY") = thc::kMaxGranularity;
+  m.attr("MAX_ROTATION_BLOCK") = thc::kMaxRotationBlock;
+  m.attr("MAX_WORKERS") = thc::kMaxWorkers;
+  m.def(
+      "status_text", [](int code) { return thc::StatusText(static_cast<thc::Status>(code)); },
+      py::arg("code"), "The core's sentence for a thc::Status code (\"\" for 0, ok).");
+  m.def("core_config", &CoreConfig, py::arg("cfg"),
+        "The codec core's Config of a ThcConfig, validated (ValueError otherwise).");
 
   m.def("validate", &thc::Validate, py::arg("cfg"),
         "Empty string when valid, else a message naming the bad field and value.");
@@ -322,7 +348,14 @@ PYBIND11_MODULE(_C, m) {
            py::arg("out") = py::none())
       .def_property(
           "step", [](PyEncoder& e) { return e.core().step(); },
-          [](PyEncoder& e, uint64_t s) { e.core().set_step(s); })
+          [](PyEncoder& e, uint64_t s) {
+            if (s > thc::kMaxStep) {
+              std::ostringstream m;
+              m << "step must be at most " << thc::kMaxStep << ", got " << s;
+              Fail(m.str());
+            }
+            e.core().set_step(s);
+          })
       .def_property_readonly("residual", &PyEncoder::Residual)
       .def("reset_residual", [](PyEncoder& e) { e.core().ResetResidual(); })
       .def_property_readonly("geometry",

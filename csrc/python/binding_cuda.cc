@@ -67,6 +67,22 @@ void RegisterCuda(py::module_& parent) {
   m.attr("STATUS_NON_FINITE_INPUT") = kStatusNonFiniteInput;
   m.attr("STATUS_NON_FINITE_NORM") = kStatusNonFiniteNorm;
   m.attr("STATUS_OVERFLOW") = kStatusOverflow;
+  m.def(
+      "status_text",
+      [](int flags) {
+        // The device status word's flags in the core's words (thc::StatusText). A NaN/Inf
+        // gradient makes the rotation non-finite too: then only the cause is reported.
+        std::string t;
+        auto add = [&t](const char* where, thc::Status st) {
+          t += (t.empty() ? "" : "; ") + std::string(where) + ": " + thc::StatusText(st);
+        };
+        if (flags & kStatusNonFiniteInput) add("gradient", thc::Status::kNonFinite);
+        if (flags & kStatusNonFiniteNorm) add("max_norm (or it is negative)", thc::Status::kNonFinite);
+        if ((flags & kStatusOverflow) && !(flags & kStatusNonFiniteInput))
+          add("rotation", thc::Status::kOverflow);
+        return t.empty() && flags ? "status " + std::to_string(flags) : t;
+      },
+      py::arg("flags"), "what a non-zero status word means (\"\" for 0)");
 
   // module_local: the CPU-emulation test module binds the same C++ type in the same process.
   py::class_<Code>(m, "Code", py::module_local())

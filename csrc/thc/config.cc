@@ -16,6 +16,18 @@ uint64_t NextPow2(uint64_t x) {
 }
 }  // namespace
 
+const char* StatusText(Status st) {
+  switch (st) {
+    case Status::kOk: return "";
+    case Status::kNonFinite: return "NaN or Inf in the input or in max_norm";
+    case Status::kBadArgument: return "bad argument (a size, length or count)";
+    case Status::kOverflow:
+      return "the Hadamard rotation overflowed float32 (Inf from finite values near FLT_MAX = "
+             "3.4e38, or a max_norm so large that the error-feedback scale is Inf)";
+  }
+  return "unknown status";
+}
+
 std::string Validate(const Config& cfg) {
   std::ostringstream m;
   if (cfg.bits < 1 || cfg.bits > 8) {
@@ -23,8 +35,8 @@ std::string Validate(const Config& cfg) {
     return m.str();
   }
   const uint32_t levels = 1u << cfg.bits;
-  if (cfg.granularity < levels - 1 || cfg.granularity > (1u << 24) - 1) {
-    m << "granularity must be in " << (levels - 1) << ".." << ((1u << 24) - 1) << " for bits="
+  if (cfg.granularity < levels - 1 || cfg.granularity > kMaxGranularity) {
+    m << "granularity must be in " << (levels - 1) << ".." << kMaxGranularity << " for bits="
       << cfg.bits << ", got " << cfg.granularity;
     return m.str();
   }
@@ -36,7 +48,7 @@ std::string Validate(const Config& cfg) {
     m << "rotation_block must be 0 or a power of two, got " << cfg.rotation_block;
     return m.str();
   }
-  if (cfg.rotation_block > (1ull << 32)) {
+  if (cfg.rotation_block > kMaxRotationBlock) {
     m << "rotation_block must be at most 2^32, got " << cfg.rotation_block;
     return m.str();
   }

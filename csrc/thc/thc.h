@@ -20,10 +20,23 @@ enum class Status : int {
                      // near FLT_MAX, or a max_norm so large that the error's scale is Inf)
 };
 
+// What a Status means, for an error message: one sentence, "" for kOk. Callers add what they were
+// doing and what to do about it; none restates these texts.
+const char* StatusText(Status st);
+
+// The limits of the code, inclusive. Every caller (the binding, codec.py, cuda.py, the BytePS
+// compressor) checks against these; none restates them.
+constexpr uint64_t kMaxSize = uint64_t{1} << 32;        // elements of one partition (d)
+constexpr uint32_t kMaxRank = (1u << 24) - 1;           // a round key holds the rank in 24 bits
+constexpr uint64_t kMaxStep = (uint64_t{1} << 40) - 1;  // ... and the step in the other 40
+constexpr uint32_t kMaxGranularity = (1u << 24) - 1;    // g: every table value exact in float32
+constexpr uint64_t kMaxRotationBlock = uint64_t{1} << 32;
+constexpr uint32_t kMaxWorkers = 0xffffffffu;           // n: a uint32 everywhere
+
 // Everything that defines the code. Workers and the server must agree on all of it.
 struct Config {
   int bits = 4;                    // b: 1..8
-  uint32_t granularity = 30;       // g: table values in [0, g]
+  uint32_t granularity = 30;       // g: table values in [0, g]; 2^b - 1 <= g <= kMaxGranularity
   double clip = 2.1538746940614564;  // T = Phi^-1(1 - p/2); p = 1/32 by default
   uint64_t seed = 42;
   uint64_t rotation_block = 0;     // power of two; 0 = whole (padded) partition

@@ -40,11 +40,7 @@ def _restore_isa():
 
 
 def core(cfg):
-    c = _C.Config()
-    c.bits, c.granularity, c.clip, c.seed = cfg.bits, cfg.granularity, float(cfg.clip), cfg.seed
-    c.rotation_block = cfg.rotation_block or 0
-    c.table = [int(v) for v in cfg.table]
-    return c
+    return _C.core_config(cfg)
 
 
 def bits_of(a):
@@ -333,7 +329,7 @@ def test_encode_non_finite_changes_nothing(isa, bad):
     for pos in (0, 2047, d - 1):
         y = x.copy()
         y[pos] = bad
-        with pytest.raises(ValueError, match="NaN or Inf; nothing was changed"):
+        with pytest.raises(ValueError, match="encode of x.*: NaN or Inf.*; nothing was changed"):
             enc.encode(y, 100.0)
         with pytest.raises(ValueError, match="NaN or Inf"):
             enc.norm(y)
@@ -363,11 +359,11 @@ def test_encode_overflow_inside_the_transform(isa, ef, block, pos):
     big[pos:pos + 64] = 3e38
     with pytest.raises(ValueError, match="overflowed float32"):
         R.encode(cfg, big, 1e30, 0, step, res)
-    with pytest.raises(ValueError, match="rotation of .* overflowed float32.*nothing was changed"):
+    with pytest.raises(ValueError, match="encode of x.*: the Hadamard rotation overflowed float32.*nothing was changed"):
         enc.encode(big, 1e30)
     assert enc.step == step
     if ef:  # the norm rotates too, and says so
-        with pytest.raises(ValueError, match="rotation of x \\+ residual overflowed float32"):
+        with pytest.raises(ValueError, match="norm of x \\+ residual: the Hadamard rotation overflowed float32"):
             enc.norm(big)
         with pytest.raises(ValueError, match="overflowed float32"):
             R.norm(big, res, cfg)
@@ -411,9 +407,15 @@ def test_encoder_argument_checks():
     c = core(ThcConfig())
     with pytest.raises(ValueError, match="size must be >= 1, got 0"):
         _C.Encoder(c, 0, 0, True)
-    with pytest.raises(ValueError, match="rank must be < 2\\^24"):
+    with pytest.raises(ValueError, match=f"rank must be at most {(1 << 24) - 1}, got {1 << 24}"):
         _C.Encoder(c, 10, 1 << 24, True)
+    _C.Encoder(c, 10, (1 << 24) - 1, True)  # the largest rank a round key holds (24 bits)
     enc = _C.Encoder(c, 10, 0, True)
+    with pytest.raises(ValueError, match=f"step must be at most {(1 << 40) - 1}"):
+        enc.step = 1 << 40
+    enc.step = (1 << 40) - 1
+    assert enc.step == (1 << 40) - 1
+    enc.step = 0
     with pytest.raises(ValueError, match="x has 9 elements, expected 10"):
         enc.encode(np.zeros(9, np.float32), 1.0)
     with pytest.raises(ValueError, match="x must have dtype float32, got int32"):
@@ -571,3 +573,29 @@ def test_round_matches_reference_simulation(isa):
         agg.add(e.encode(g, m))
     got = _C.decode(core(cfg), d, agg.result(), n, m)
     assert np.array_equal(bits_of(got), bits_of(want))
+
+
+def test_core_limits_and_status_texts():
+    """The limits come from the round key's layout (rank << 40 ^ step, docs/ALGORITHM.md) and the
+    32-bit index space; every status code has its own text, and 0 (ok) none."""
+    assert (_C.MAX_SIZE, _C.MAX_RANK, _C.MAX_STEP) == (1 << 32, (1 << 24) - 1, (1 << 40) - 1)
+    assert (_C.MAX_GRANULARITY, _C.MAX_ROTATION_BLOCK, _C.MAX_WORKERS) == \
+        ((1 << 24) - 1, 1 << 32, (1 << 32) - 1)
+    assert (_C.MAX_RANK << 40) | _C.MAX_STEP == (1 << 64) - 1  # rank and step fill the key's input
+    assert _C.status_text(0) == ""
+    texts = [_C.status_text(code) for code in (1, 2, 3)]
+    assert len(set(texts)) == 3 and all(texts)
+    assert "NaN or Inf" in texts[0] and "overflowed float32" in texts[2]
+
+
+def test_core_config_is_the_one_conversion():
+    cfg = ThcConfig(bits=3, rotation_block=256, seed=11)
+    c = _C.core_config(cfg)
+    assert (c.bits, c.granularity, c.clip, c.seed, c.rotation_block) == \
+        (3, cfg.granularity, float(cfg.clip), 11, 256)
+    assert list(c.table) == [int(v) for v in cfg.table]
+    assert _C.core_config(ThcConfig()).rotation_block == 0  # None: the whole partition
+    bad = types.SimpleNamespace(bits=2, granularity=3, clip=2.0, seed=1, rotation_block=None,
+                                table=[0, 2, 1, 3])
+    with pytest.raises(ValueError, match="invalid THC configuration: table must be strictly"):
+        _C.core_config(bad)

@@ -11,6 +11,7 @@
 
 #include "compressor/impl/thc_compressor.h"
 #include "compressor/impl/thc_wire.h"
+#include "cpu_only.h"
 #include "global.h"
 #include "idle.h"
 #include "logging.h"

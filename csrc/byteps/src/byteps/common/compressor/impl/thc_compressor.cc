@@ -121,31 +121,24 @@ const float* ThcCompressor::AsFloat(tensor_t grad) {
   return scratch_.data();
 }
 
-// What a failed thc::Encoder call means, and what to do about it.
+// What a failed thc::Encoder call means (the core's text), and what to do about it.
 static std::string StatusMessage(thc::Status st, double max_norm) {
+  std::string m = std::string(thc::StatusText(st)) + " (max norm " + std::to_string(max_norm) + ")";
   switch (st) {
-    case thc::Status::kOverflow:
-      return "a value of the rotated gradient overflowed float32 (gradient entries near FLT_MAX, "
-             "or the max norm " + std::to_string(max_norm) +
-             " is too large); scale the loss down or clip gradients";
-    case thc::Status::kNonFinite:
-      return "the gradient or the max norm " + std::to_string(max_norm) +
-             " is not finite (NaN or Inf); lower the learning rate or clip gradients";
-    default:
-      return "bad argument (status " + std::to_string(static_cast<int>(st)) + ")";
+    case thc::Status::kOverflow: return m + "; scale the loss down or clip gradients";
+    case thc::Status::kNonFinite: return m + "; lower the learning rate or clip gradients";
+    default: return m;
   }
 }
 
 std::string ThcCompressor::LocalNorm(tensor_t grad, double* norm) {
   BPS_CHECK(encoder_) << "THC: LocalNorm before Bind";
   BPS_CHECK_EQ(grad.size, d_ * ElementBytes(_dtype)) << "THC key " << key_;
-  switch (encoder_->Norm(AsFloat(grad), norm)) {
-    case thc::Status::kOk: return "";
-    case thc::Status::kNonFinite: return "non-finite gradient (NaN or Inf)";
-    case thc::Status::kOverflow:
-      return "the rotated gradient overflowed float32 (entries near FLT_MAX = 3.4e38)";
-    default: return "bad argument";
-  }
+  thc::Status st = encoder_->Norm(AsFloat(grad), norm);
+  if (st == thc::Status::kOk) return "";
+  // the norm reads the gradient only: a non-finite input is the gradient
+  return std::string(st == thc::Status::kNonFinite ? "non-finite gradient: " : "") +
+         thc::StatusText(st);
 }
 
 tensor_t ThcCompressor::Compress(tensor_t grad) {
