@@ -9,7 +9,6 @@ The BytePS fork is built separately (`make byteps`, scripts/build_byteps.sh).
 """
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 

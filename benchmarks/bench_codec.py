@@ -45,8 +45,12 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from byteps_thc import ThcAggregator, ThcCodec, ThcConfig  # noqa: E402
-from byteps_thc import _C  # noqa: E402
+from byteps_thc import (
+    _C,
+    ThcAggregator,
+    ThcCodec,
+    ThcConfig,
+)
 
 WORKERS = 4  # the sums decoded are those of this many workers (8-bit lanes at g = 30)
 

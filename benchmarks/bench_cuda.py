@@ -23,10 +23,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
+import torch
 
-from byteps_thc import cuda as thc_cuda  # noqa: E402
-from byteps_thc.config import ThcConfig  # noqa: E402
+from byteps_thc import cuda as thc_cuda
+from byteps_thc.config import ThcConfig
 
 
 def time_graph(fn, reps: int, target_ms: float = 25.0) -> float:

@@ -53,14 +53,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from benchmarks.netem import (CleanupOnSignal, EmulatedNetwork, available,  # noqa: E402
-                              cleanup_stale, measure_tcp)
+from benchmarks.netem import CleanupOnSignal, EmulatedNetwork, available, cleanup_stale, measure_tcp  # noqa: E402
 from byteps_thc.advisor import host, models, predict, replay, wire  # noqa: E402
 from byteps_thc.advisor.costs import load_costs  # noqa: E402
 from byteps_thc.advisor.wire import launcher_flags  # noqa: E402
 from byteps_thc.launch import server_argv  # noqa: E402
-from byteps_thc.launch.supervisor import (ProcSpec, Supervisor, cpu_seconds,  # noqa: E402
-                                          describe_exit)
+from byteps_thc.launch.supervisor import ProcSpec, Supervisor, cpu_seconds, describe_exit  # noqa: E402
 
 DIGITS = os.path.join(ROOT, "example", "pytorch", "train_digits.py")
 SCHED_PORT = 9300

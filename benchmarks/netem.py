@@ -31,10 +31,8 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
-import time
 from typing import Dict, List, Optional, Sequence
 
 from byteps_thc.launch.supervisor import kill_group

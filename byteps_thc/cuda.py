@@ -29,7 +29,6 @@ norm launch of the same tensor on the same status word, an overflow leaves the s
 from __future__ import annotations
 
 import functools
-from typing import Any, Optional
 
 from .config import ThcConfig
 

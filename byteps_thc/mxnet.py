@@ -93,6 +93,7 @@ def _make_trainer():
     upstream's __init__ calls `super(DistributedTrainer, self)` through that module name, so a
     subclass there would run upstream's __init__ twice and fail on gluon's kvstore argument)."""
     import numpy as np
+
     from byteps.mxnet import Compression as upstream
     from byteps.mxnet import DistributedTrainer as cls
     from byteps.mxnet import rank

@@ -187,7 +187,7 @@ def measure_elem_costs(elems: int = 1 << 20, repeats: int = 5,
         c["thc_add"] = _best_of(add, repeats) / elems
         c["thc_decode"] = _best_of(lambda: codec.decode(sums, m, 2), repeats) / elems
         source += "+thc codec"
-    except Exception as e:  # noqa: BLE001 - no (working) extension: the NumPy reference, slower
+    except Exception as e:  # no (working) extension: the NumPy reference, slower
         n_small = min(elems, 1 << 16)
         xs = x[:n_small]
         pay, _ = reference.encode(cfg, xs, float(np.linalg.norm(xs)), 0, 0)[:2]

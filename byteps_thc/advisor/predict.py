@@ -25,8 +25,14 @@ from typing import List, Optional, Sequence, Tuple
 
 from .. import env
 from .costs import LARGE_TENSOR_BYTES, HostCosts, partition_cpu
-from .wire import (CompressorSpec, codec_elems, dithering_bits_per_element, parse_spec,
-                   partitions, wire_bytes)
+from .wire import (
+    CompressorSpec,
+    codec_elems,
+    dithering_bits_per_element,
+    parse_spec,
+    partitions,
+    wire_bytes,
+)
 
 DEFAULT_EFFICIENCY = 0.93              # TCP goodput / line rate (measured 0.95 at 1 Gbit/s, tbf)
 

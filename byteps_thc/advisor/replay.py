@@ -77,8 +77,9 @@ def run(shapes: Sequence[Sequence[int]], steps: int, warmup: int, compute_s: flo
     shuts down (which may take a while on a busy host), and returns the result."""
     # torch and the fork load only inside a worker: the driver side imports this module for its
     # command line and result tag, where neither may be installed
-    import byteps.torch as bps
     import torch
+
+    import byteps.torch as bps
     torch.set_num_threads(1)
     bps.init()
     rank = bps.rank()

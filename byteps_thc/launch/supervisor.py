@@ -67,7 +67,7 @@ def kill_groups(procs: Sequence[subprocess.Popen], timeout: float = 3.0,
     for p in procs:
         try:
             p.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:  # pragma: no cover - unkillable (D state)
+        except subprocess.TimeoutExpired:  # unkillable (D state)
             pass
 
 
@@ -290,7 +290,7 @@ class Supervisor:
         try:
             self.watchdog.stdin.write(line + "\n")
             self.watchdog.stdin.flush()
-        except (OSError, ValueError):  # pragma: no cover - the watchdog died: carry on without
+        except (OSError, ValueError):  # the watchdog died: carry on without
             pass
 
     def _release_watchdog(self) -> None:
@@ -301,11 +301,11 @@ class Supervisor:
         try:
             w.stdin.write("done\n")
             w.stdin.close()
-        except (OSError, ValueError):  # pragma: no cover
+        except (OSError, ValueError):
             pass
         try:
             w.wait(timeout=5)
-        except subprocess.TimeoutExpired:  # pragma: no cover
+        except subprocess.TimeoutExpired:
             w.kill()
 
     # -- lifecycle ------------------------------------------------------------------------------

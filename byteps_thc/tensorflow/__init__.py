@@ -43,12 +43,32 @@ names), so all of them are in flight at once, as they are inside a traced train 
 compression objects) can be imported, and tested, without a BytePS build.
 """
 from ..config import ThcConfig  # noqa: F401 - part of this module's namespace (upstream's)
-from .core import (Average, Compression, Compressor, FP16Compressor, NoneCompressor,
-                   RegistryCompressor, Sum, ThcCompressor, broadcast, broadcast_global_variables,
-                   broadcast_variables, declare, declared_names, push_pull, rank,
-                   set_learning_rate, size, variable_name)
-from .training import (BroadcastGlobalVariablesCallback, DistributedGradientTape,
-                       DistributedOptimizer, MetricAverageCallback)
+from .core import (
+                   Average,
+                   Compression,
+                   Compressor,
+                   FP16Compressor,
+                   NoneCompressor,
+                   RegistryCompressor,
+                   Sum,
+                   ThcCompressor,
+                   broadcast,
+                   broadcast_global_variables,
+                   broadcast_variables,
+                   declare,
+                   declared_names,
+                   push_pull,
+                   rank,
+                   set_learning_rate,
+                   size,
+                   variable_name,
+)
+from .training import (
+                   BroadcastGlobalVariablesCallback,
+                   DistributedGradientTape,
+                   DistributedOptimizer,
+                   MetricAverageCallback,
+)
 
 __all__ = ["Compression", "Compressor", "NoneCompressor", "FP16Compressor", "RegistryCompressor",
            "ThcCompressor", "push_pull", "broadcast", "broadcast_variables",

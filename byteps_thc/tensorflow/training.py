@@ -7,8 +7,19 @@ from typing import Optional
 import tensorflow as tf
 
 from .. import compression as _c
-from .core import (Average, Compression, Sum, broadcast_variables, choose, learning_rate_file,
-                   push_pull_grads, push_pull_list, set_learning_rate, size)
+from .core import (
+    Average,
+    Compression,
+    Sum,
+    broadcast_variables,
+    choose,
+    learning_rate_file,
+    push_pull_grads,
+    push_pull_list,
+    set_learning_rate,
+    size,
+)
+
 
 # ------------------------------------------------------------------------------------------------
 # DistributedGradientTape

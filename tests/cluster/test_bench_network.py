@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from benchmarks import bench_network, netem
+from benchmarks import netem
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BENCH = os.path.join(ROOT, "benchmarks", "bench_network.py")

@@ -19,11 +19,10 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "client"))
-import thc_cluster as tc  # noqa: E402
+import thc_cluster as tc
 
 byteps_thc = pytest.importorskip("byteps_thc")
 from byteps_thc import ThcConfig  # noqa: E402
-
 
 ROOT = tc.ROOT
 pytestmark = pytest.mark.needs_fork("server")  # the worker pipeline tests need torch's plugin too

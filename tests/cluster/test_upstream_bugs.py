@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "client"))
-import thc_cluster as tc  # noqa: E402
+import thc_cluster as tc
 
 TIMEOUT = 300  # the whole cluster at most (a loaded 2-core machine starts torch slowly)
 FORK_DIR = os.environ.get("BYTEPS_THC_FORK_DIR", "")  # another build under test (conftest.py)

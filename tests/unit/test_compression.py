@@ -82,6 +82,7 @@ def test_learning_rate_file_for_vanilla_error_feedback(tmp_path, monkeypatch):
     """./lr.s holds the rate BytePS's vanilla EF mmaps (8-byte native double); a zero rate keeps
     the last positive one (1.0 before any), never a ratio previous/current that is infinite."""
     import struct
+
     from byteps_thc.compression import LearningRateFile, uses_vanilla_ef
     monkeypatch.chdir(tmp_path)
     read = lambda: struct.unpack("d", (tmp_path / "lr.s").read_bytes())[0]  # noqa: E731

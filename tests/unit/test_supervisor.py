@@ -10,8 +10,16 @@ import time
 
 import pytest
 
-from byteps_thc.launch.supervisor import (ProcSpec, Supervisor, cpu_seconds, kill_group,
-                                          kill_groups, proc_stat, process_table, remove_shm)
+from byteps_thc.launch.supervisor import (
+    ProcSpec,
+    Supervisor,
+    cpu_seconds,
+    kill_group,
+    kill_groups,
+    proc_stat,
+    process_table,
+    remove_shm,
+)
 
 PY = sys.executable
 LIMIT = 60  # bound on waits for stand-ins on a loaded machine (never reached when things work)
