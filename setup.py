@@ -72,10 +72,12 @@ class BuildExt(build_ext):
         nvcc = find_nvcc()
         if nvcc:
             import importlib.util
-            spec = importlib.util.spec_from_file_location("thc_cuda_build", CORE / "cuda" / "build.py")
+            spec = importlib.util.spec_from_file_location("thc_cuda_build",
+                                                          CORE / "cuda" / "build.py")
             mod = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(mod)
-            cuda_objects = mod.cuda_objects  # (nvcc, build_temp, root) -> (objects, link_args, macros)
+            # (nvcc, build_temp, root) -> (objects, link_args, macros)
+            cuda_objects = mod.cuda_objects
             for e in self.extensions:
                 objs, link_args, macros = cuda_objects(nvcc, Path(self.build_temp), ROOT)
                 e.extra_objects = list(e.extra_objects or []) + objs

@@ -168,7 +168,8 @@ def main(argv=None):
     ap.add_argument("--sizes", default="16,20,24",
                     help="log2 of d, comma separated; a number above 40 is d itself (1024000: "
                          "a BytePS partition of 4,096,000 bytes, padded to 2^20)")
-    ap.add_argument("--isa", default="all", help="portable, avx2, avx512 or all (those the CPU has)")
+    ap.add_argument("--isa", default="all",
+                    help="portable, avx2, avx512 or all (those the CPU has)")
     ap.add_argument("--blocks", default="1024,0", help="rotation blocks; 0 = whole partition")
     ap.add_argument("--threads", default=f"1,{os.cpu_count()}", help="thread counts")
     ap.add_argument("--repeats", type=int, default=0, help="repeats (default: by size)")
@@ -201,9 +202,9 @@ def main(argv=None):
     print(f"# byteps-thc codec benchmark: cpu={os.cpu_count()} cores, ISAs {isas} "
           f"(best {original}); b=4 g=30 p=1/32, encode with EF unless _noef; decode/aggregate with "
           f"{WORKERS} workers' sums; load average {os.getloadavg()[0]:.2f}")
-    print(f"# per-coordinate ns (ratio to memcpy of the same float32 bytes); {args.stat} of repeats; "
-          f"one thread: {args.clock} clock; threads: independent partitions in parallel, "
-          f"ns = wall / (threads * d)")
+    print(f"# per-coordinate ns (ratio to memcpy of the same float32 bytes); "
+          f"{args.stat} of repeats; one thread: {args.clock} clock; "
+          f"threads: independent partitions in parallel, ns = wall / (threads * d)")
     pick = statistics.median if args.stat == "median" else min
     memories = args.memory.split(",")
     hdr = f"{'isa':8} {'d':>7} {'block':>7} {'thr':>3} {'mem':>4} {'memcpy ns':>9} " + " ".join(
@@ -235,13 +236,16 @@ def main(argv=None):
                         row[op + "_ns_per_coord"] = pick(r[op]) / coords * 1e9
                         if op != "memcpy":
                             row[op + "_ratio"] = pick(r[op]) / pick(r["memcpy"])
-                            row[op + "_ratio_median"] = row[op + "_s_median"] / row["memcpy_s_median"]
+                            row[op + "_ratio_median"] = (row[op + "_s_median"]
+                                                         / row["memcpy_s_median"])
                             row[op + "_ratio_min"] = row[op + "_s_min"] / row["memcpy_s_min"]
-                            cells.append(f"{row[op + '_ns_per_coord']:9.3f} ({row[op + '_ratio']:5.2f}x)")
+                            cells.append(f"{row[op + '_ns_per_coord']:9.3f} "
+                                         f"({row[op + '_ratio']:5.2f}x)")
                     rows.append(row)
                     print(f"{isa:8} {label:>7} {('whole' if not block else block):>7} {thr:>3} "
                           f"{mem:>4} "
-                          f"{row['memcpy_ns_per_coord']:9.3f} " + " ".join(f"{c:>20}" for c in cells),
+                          f"{row['memcpy_ns_per_coord']:9.3f} "
+                          + " ".join(f"{c:>20}" for c in cells),
                           flush=True)
     _C.force_isa(original)
     if args.json:

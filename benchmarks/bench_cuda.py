@@ -113,8 +113,8 @@ def bench_size(log_n: int, reps: int):
             payloads = payload.repeat(nworkers, 1)  # 8 copies of this worker's payload
             lane = k.lane_bits(code, nworkers)
             sums = thc_cuda.aggregate(cfg, payloads, n, nworkers)
-            row("aggregate8", name, time_graph(lambda: k.aggregate(
-                code, payloads.data_ptr(), nworkers, payloads.stride(0), n, sums.data_ptr(), lane,
+            row("aggregate8", name, time_graph(lambda p=payloads: k.aggregate(
+                code, p.data_ptr(), nworkers, p.stride(0), n, sums.data_ptr(), lane,
                 False, stream()), reps))
             out = torch.empty(n, device=dev)
             row("decode", name, time_graph(lambda: k.decode(
@@ -147,7 +147,8 @@ def bench_size(log_n: int, reps: int):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="20,24,27", help="log2 of the coordinate counts")
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--json", help="write the results here")

@@ -629,7 +629,8 @@ def main(argv=None) -> int:
         net = EmulatedNetwork(nodes, subnet=a.subnet)
         try:
             net.create()
-            log(f"namespaces {net.prefix}-{{hub,{','.join(nodes)}}} on {a.subnet}; logs in {logdir}")
+            log(f"namespaces {net.prefix}-{{hub,{','.join(nodes)}}} on {a.subnet}; "
+                f"logs in {logdir}")
             plan = []
             for bw in bandwidths:
                 for w in workloads:
@@ -649,7 +650,8 @@ def main(argv=None) -> int:
                     net.set_rate(bw, a.latency_ms)
                 if bw not in link:
                     link[bw] = measure_tcp(net, "w0", "srv", seconds=1.5)
-                    log(f"links at {bw:g} Gbit/s (tbf): one TCP stream carries {link[bw]:.2f} Gbit/s")
+                    log(f"links at {bw:g} Gbit/s (tbf): "
+                        f"one TCP stream carries {link[bw]:.2f} Gbit/s")
                 log(f"run {i + 1}/{len(plan)}: {w} {spec.label} at {bw:g} Gbit/s")
                 if w == "digits":
                     rec = run_training(net, a, spec, bw, link[bw], logdir)

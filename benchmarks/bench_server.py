@@ -3,10 +3,10 @@
 
 Starts the real scheduler and server of the fork build on 127.0.0.1 and N real ps-lite clients
 (tests/cluster/client/thc_client.cc). A model of --params float32 parameters is split into
-BytePS partitions of --partition-bytes (4096000 bytes by default, BytePS's); every client pushes every
-partition and pulls it back, R rounds, first as THC payloads (header + b-bit indices; the server
-unpacks, looks up and adds integers, pulls return the sums), then as plain float32 (the server
-sums floats). Prints rounds per second, bytes on the wire per round (measured at the clients:
+BytePS partitions of --partition-bytes (4096000 bytes by default, BytePS's); every client pushes
+every partition and pulls it back, R rounds, first as THC payloads (header + b-bit indices; the
+server unpacks, looks up and adds integers, pulls return the sums), then as plain float32 (the
+server sums floats). Prints rounds per second, bytes on the wire per round (measured at the clients:
 bytes pushed and bytes the pulls returned) and the server's CPU time per round (/proc utime+stime
 of the server process).
 
@@ -62,7 +62,8 @@ def run_phase(cluster, name, keys, manifests, rounds, warmup):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workers", type=int, default=2, help="clients (BytePS workers)")
-    ap.add_argument("--params", type=int, default=25_000_000, help="model size in float32 parameters")
+    ap.add_argument("--params", type=int, default=25_000_000,
+                    help="model size in float32 parameters")
     ap.add_argument("--partition-bytes", type=int, default=4096000,
                     help="BYTEPS_PARTITION_BYTES (BytePS's default 4096000)")
     ap.add_argument("--rounds", type=int, default=10)
@@ -102,8 +103,10 @@ def main(argv=None):
             cmd_push = tc.command(tc.DEFAULT, tc.FLOAT32)
             for k in (key, raw_key):  # BytePS's init push: also the store size
                 cluster.all([f"push {k} {cmd_push} {zeros}"] * n)
-            cluster.all([f"push {key} {tc.command(tc.COMPRESSED, tc.FLOAT32)} {work / 'kwargs.txt'}"] * n)
-            fp, payload_bytes, padded = map(int, cluster.clients[0].cmd(f"fp {key} {d} {kw}").split())
+            cmd_kwargs = tc.command(tc.COMPRESSED, tc.FLOAT32)
+            cluster.all([f"push {key} {cmd_kwargs} {work / 'kwargs.txt'}"] * n)
+            fp_reply = cluster.clients[0].cmd(f"fp {key} {d} {kw}")
+            fp, payload_bytes, padded = map(int, fp_reply.split())
             grads = [rng.standard_normal(d).astype(np.float32) for _ in range(n)]
             codecs = [ThcCodec(cfg, d, rank=i) for i in range(n)]
             m = max(c.norm(g) for c, g in zip(codecs, grads))
@@ -127,8 +130,8 @@ def main(argv=None):
                    run_phase(cluster, "float32", raw_keys, manifests["float32"], args.rounds,
                              args.warmup)]
         assert cluster.server_alive(), "the server died"
-        errors = [l for l in cluster.server_text().splitlines()
-                  if "THC key" in l and " registered: " not in l]
+        errors = [line for line in cluster.server_text().splitlines()
+                  if "THC key" in line and " registered: " not in line]
         assert not errors, "the server logged THC errors:\n" + "\n".join(errors[:5])
     finally:
         cluster.close()
@@ -136,7 +139,8 @@ def main(argv=None):
     print(f"{'':10s} {'rounds/s':>9s} {'up MB/round':>12s} {'down MB/round':>14s} "
           f"{'wire MB/round':>14s} {'server CPU ms/round':>20s}")
     for r in results:
-        print(f"{r['name']:10s} {r['rounds_per_s']:9.2f} {r['up'] / 1e6:12.1f} {r['down'] / 1e6:14.1f} "
+        print(f"{r['name']:10s} {r['rounds_per_s']:9.2f} {r['up'] / 1e6:12.1f} "
+              f"{r['down'] / 1e6:14.1f} "
               f"{(r['up'] + r['down']) / 1e6:14.1f} {r['cpu_ms']:20.1f}")
     t, f = results
     print(f"THC / float32: bytes on the wire {(t['up'] + t['down']) / (f['up'] + f['down']):.3f}, "

@@ -161,8 +161,10 @@ class EmulatedNetwork:
             for node in self.nodes:
                 ns = self.ns(node)
                 self._add_ns(ns)
-                # both ends are created directly in their namespaces: no name ever exists on the host
-                _run(["ip", "link", "add", "eth0", "netns", ns, "mtu", str(self.mtu), "type", "veth",
+                # both ends are created directly in their namespaces: no name ever exists on
+                # the host
+                _run(["ip", "link", "add", "eth0", "netns", ns, "mtu", str(self.mtu),
+                      "type", "veth",
                       "peer", "name", self.port(node), "netns", self.hub, "mtu", str(self.mtu)])
                 _run(["ip", "-n", self.hub, "link", "set", self.port(node), "master", "br0", "up"])
                 _run(["ip", "-n", ns, "addr", "add", f"{self.addr[node]}/{self.subnet.prefixlen}",

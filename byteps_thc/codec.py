@@ -64,7 +64,8 @@ def _check_int(name: str, value: Any, lo: int, hi: Optional[int] = None) -> int:
 def _check_norm(max_norm: Any) -> float:
     if _is_torch_tensor(max_norm):
         if max_norm.numel() != 1:
-            raise ValueError(f"max_norm must be a scalar, got a tensor of {max_norm.numel()} elements")
+            raise ValueError("max_norm must be a scalar, "
+                             f"got a tensor of {max_norm.numel()} elements")
         max_norm = max_norm.item()
     try:
         m = float(max_norm)
@@ -118,7 +119,8 @@ def _float_vector(x: Any, what: str, size: int) -> np.ndarray:
     if x.ndim != 1:
         raise ValueError(f"{what} must be 1-D, got shape {tuple(x.shape)}")
     if x.size != size:
-        raise ValueError(f"{what} has {x.size} elements, but this codec's partition has size={size}")
+        raise ValueError(f"{what} has {x.size} elements, "
+                         f"but this codec's partition has size={size}")
     return np.ascontiguousarray(x, dtype=np.float32)
 
 
@@ -206,7 +208,8 @@ class ThcCodec:
                 dev.residual.copy_(__import__("torch").from_numpy(res))
             self._device = dev
         elif dev.device != x.device:
-            raise ValueError(f"{what} is on {x.device}, but this codec's state lives on {dev.device}")
+            raise ValueError(f"{what} is on {x.device}, "
+                             f"but this codec's state lives on {dev.device}")
         return dev
 
     def norm(self, x) -> float:
@@ -272,8 +275,9 @@ class ThcAggregator:
                 _cuda_unavailable("payload")
             if self._device is None:
                 if self.count:
-                    raise ValueError("payload is a CUDA tensor, but this aggregator already holds "
-                                     f"{self.count} CPU payloads: keep one aggregator on one device")
+                    raise ValueError("payload is a CUDA tensor, but this aggregator already "
+                                     f"holds {self.count} CPU payloads: "
+                                     "keep one aggregator on one device")
                 from . import cuda
                 self._device = cuda.CudaAggregator(self.config, self.size, self.num_workers,
                                                    device=payload.device)

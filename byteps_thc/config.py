@@ -76,8 +76,8 @@ class ThcConfig:
         for bits in (8, 16, 32):
             if need <= _LANE_MAX[bits]:
                 return bits
-        raise ValueError(f"{num_workers} workers x granularity {self.granularity} = {need} overflows "
-                         "a 32-bit sum: lower the granularity")
+        raise ValueError(f"{num_workers} workers x granularity {self.granularity} = {need} "
+                         "overflows a 32-bit sum: lower the granularity")
 
     def expected_error(self) -> dict:
         """Per-coordinate error (z units, one worker, no EF): rounding + clipping (spec §2)."""
@@ -102,7 +102,8 @@ class ThcConfig:
             raise ValueError(
                 f"{num_workers} workers cannot share a {downstream_bits}-bit lane at bits={bits} "
                 f"(needs n*(2^bits - 1) = {num_workers * (levels - 1)} <= "
-                f"{_LANE_MAX[downstream_bits]}): use downstream_bits={downstream_bits * 2} or fewer bits")
+                f"{_LANE_MAX[downstream_bits]}): "
+                f"use downstream_bits={downstream_bits * 2} or fewer bits")
         candidates = [2.0 ** (-k / 2.0) for k in range(6, 27)]  # 1/8 .. 1/8192
         best = min(candidates, key=lambda p: expected_error(bits, g, p)["total"])
         return cls(bits=bits, granularity=g, overflow_prob=best, **kwargs)
@@ -130,7 +131,7 @@ class ThcConfig:
         return out
 
     def to_kwargs(self) -> dict:
-        """BytePS compressor kwargs (strings), as the worker declares them and the server reads them.
+        """BytePS compressor kwargs (strings): the worker declares them, the server reads them.
 
         The C++ side (csrc/byteps) parses exactly these keys; the table travels solved, so the
         server needs no solver and validates it instead.

@@ -107,7 +107,8 @@ def _vector(x, what: str, size: int, device, dtypes=None):
     if x.numel() != size:
         raise ValueError(f"{what} has {x.numel()} elements; expected {size}")
     if dtypes is not None and x.dtype not in dtypes:
-        raise ValueError(f"{what} has dtype {x.dtype}; expected one of {', '.join(map(str, dtypes))}")
+        raise ValueError(f"{what} has dtype {x.dtype}; "
+                         f"expected one of {', '.join(map(str, dtypes))}")
     return x.detach().reshape(-1).contiguous()
 
 
@@ -296,8 +297,10 @@ def aggregate(cfg: ThcConfig, payloads, size: int, num_workers: int, out=None,
         raise ValueError(f"num_workers={num_workers} * granularity does not fit 32 bits")
     if isinstance(payloads, (list, tuple)):
         payloads = torch.stack([p.reshape(-1) for p in payloads]) if payloads else None
-    if payloads is None or payloads.dim() != 2 or payloads.dtype != torch.uint8 or not payloads.is_cuda:
-        raise ValueError("payloads must be a 2-D uint8 CUDA tensor [count, payload_bytes] or a list")
+    if (payloads is None or payloads.dim() != 2 or payloads.dtype != torch.uint8
+            or not payloads.is_cuda):
+        raise ValueError("payloads must be a 2-D uint8 CUDA tensor [count, payload_bytes] "
+                         "or a list")
     count = payloads.shape[0]
     if payloads.shape[1] != nbytes:
         raise ValueError(f"payloads of {payloads.shape[1]} bytes; expected {nbytes}")
@@ -312,7 +315,8 @@ def aggregate(cfg: ThcConfig, payloads, size: int, num_workers: int, out=None,
         out = torch.empty(padded, dtype=_lane_dtype(lane_bits), device=device)
     elif not (out.is_cuda and out.dtype == _lane_dtype(lane_bits) and out.numel() == padded
               and out.is_contiguous() and out.device == device):
-        raise ValueError(f"out must be a contiguous {_lane_dtype(lane_bits)} CUDA tensor of {padded}")
+        raise ValueError(f"out must be a contiguous {_lane_dtype(lane_bits)} CUDA tensor "
+                         f"of {padded}")
     with torch.cuda.device(device):
         k.aggregate(code, payloads.data_ptr(), count, payloads.stride(0), size, out.data_ptr(),
                     lane_bits, accumulate, _stream(device))

@@ -1,4 +1,4 @@
-"""MXNet adapter of byteps-thc (optional; mxnet 1.9.1 lives in its own environment, `make test-mxnet`).
+"""MXNet adapter of byteps-thc (optional; mxnet 1.9.1 has its own environment, `make test-mxnet`).
 
 BytePS's MXNet plugin is the one upstream plugin that already declares gradients with compressor
 kwargs (`compression_params`, copied onto each parameter as `byteps_*` attributes). THC joins

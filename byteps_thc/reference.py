@@ -43,7 +43,8 @@ def sign_key(seed: int) -> int:
 
 
 def round_key(seed: int, rank: int, step: int) -> int:
-    return splitmix64(splitmix64(seed ^ 0x5448435F524E4421) ^ splitmix64(((rank << 40) ^ step) & M64)) & M32
+    return splitmix64(splitmix64(seed ^ 0x5448435F524E4421)
+                      ^ splitmix64(((rank << 40) ^ step) & M64)) & M32
 
 
 def sign_bits(seed: int, n: int) -> np.ndarray:
@@ -62,7 +63,8 @@ def uniforms(seed: int, rank: int, step: int, n: int) -> np.ndarray:
 
 def apply_signs(v: np.ndarray, neg: np.ndarray) -> np.ndarray:
     """Flip the sign bit where neg = 1 (exact, zeros included)."""
-    bits = np.ascontiguousarray(v, dtype=F32).view(np.uint32) ^ (neg.astype(np.uint32) << np.uint32(31))
+    bits = (np.ascontiguousarray(v, dtype=F32).view(np.uint32)
+            ^ (neg.astype(np.uint32) << np.uint32(31)))
     return bits.view(F32)
 
 
@@ -109,7 +111,8 @@ def _tables(cfg: ThcConfig):
     tbl = np.array(cfg.table, dtype=np.int64)
     k = np.arange(cfg.granularity + 1)
     lvl = np.searchsorted(tbl, k, side="right") - 1       # largest i with TBL[i] <= k
-    ig = np.array([1.0 / (tbl[i + 1] - tbl[i]) for i in range(tbl.size - 1)], dtype=np.float64).astype(F32)
+    ig = np.array([1.0 / (tbl[i + 1] - tbl[i]) for i in range(tbl.size - 1)],
+                  dtype=np.float64).astype(F32)
     return tbl, lvl, ig
 
 
@@ -141,7 +144,7 @@ _OVERFLOW = ("the Hadamard rotation overflowed float32 (Inf from finite values n
 
 
 def rotate(cfg: ThcConfig, grad, residual=None) -> np.ndarray:
-    """Encode steps 1-2: y = Hu(sign * x) per block, plus the rotated residual r (error feedback)."""
+    """Encode steps 1-2: y = Hu(sign * x) per block, plus the rotated error-feedback residual r."""
     grad = np.asarray(grad)
     geo = geometry(cfg, grad.size)
     x = _padded_input(grad, geo)
@@ -256,6 +259,7 @@ def simulate_round(cfg: ThcConfig, grads, rank_offset: int = 0, step: int = 0, r
     n = len(grads)
     res = residuals if residuals is not None else [None] * n
     m = max(norm(gr, r, cfg) for gr, r in zip(grads, res))
-    out = [encode(cfg, gr, m, rank_offset + i, step, r) for i, (gr, r) in enumerate(zip(grads, res))]
+    out = [encode(cfg, gr, m, rank_offset + i, step, r)
+           for i, (gr, r) in enumerate(zip(grads, res))]
     sums = aggregate(cfg, [o[0] for o in out], len(grads[0]), n)
     return decode(cfg, sums, len(grads[0]), n, m), [o[1] for o in out]

@@ -66,7 +66,8 @@ def _solve(bits: int, granularity: int, clip: float) -> tuple[int, ...]:
         if half <= _EXACT_LIMIT:
             y = xs[:, None]
             x = xs[None, :]
-            cost = np.where(y < x, f[:, None] + _interval_cost(z, cdf, pdf, np.minimum(y, x), x), inf)
+            cost = np.where(y < x, f[:, None] + _interval_cost(z, cdf, pdf, np.minimum(y, x), x),
+                            inf)
             arg = np.argmin(cost, axis=0)
             new = cost[arg, xs]
             choice[m] = arg
@@ -115,9 +116,11 @@ def _check(bits, granularity):
     if not isinstance(bits, (int, np.integer)) or not 1 <= bits <= 8:
         raise ValueError(f"bits={bits!r} is out of range: use an integer in 1..8")
     levels = 1 << bits
-    if not isinstance(granularity, (int, np.integer)) or not levels - 1 <= granularity <= (1 << 24) - 1:
+    if (not isinstance(granularity, (int, np.integer))
+            or not levels - 1 <= granularity <= (1 << 24) - 1):
         raise ValueError(f"granularity={granularity!r} is out of range for bits={bits}: "
-                         f"use an integer in {levels - 1}..{(1 << 24) - 1} (2^bits - 1 levels apart)")
+                         f"use an integer in {levels - 1}..{(1 << 24) - 1} "
+                         "(2^bits - 1 levels apart)")
 
 
 def expected_error(bits: int, granularity: int, overflow_prob: float, table=None) -> dict:

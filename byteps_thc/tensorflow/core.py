@@ -163,7 +163,8 @@ class _Names:
             try:
                 ref = weakref.ref(variable)
             except TypeError:
-                ref = (lambda v=variable: v)
+                def ref(v=variable):
+                    return v
             self._by_id[key] = (ref, name)
             return name
 
@@ -238,9 +239,9 @@ def declare(name: str, kwargs: Optional[Mapping[str, str]] = None) -> None:
         lib = _ops().TF_LIB_CTYPES
         fn = getattr(lib, "byteps_tensorflow_declare_tensor_kwargs", None)
         if fn is None:
-            raise RuntimeError("this BytePS build cannot declare TensorFlow tensors with compressor "
-                               "kwargs (byteps_tensorflow_declare_tensor_kwargs); rebuild it with "
-                               "`make byteps`")
+            raise RuntimeError("this BytePS build cannot declare TensorFlow tensors with "
+                               "compressor kwargs (byteps_tensorflow_declare_tensor_kwargs); "
+                               "rebuild it with `make byteps`")
         if _c.uses_vanilla_ef(kwargs):
             learning_rate_file()  # BytePS's vanilla EF opens ./lr.s with the compressor
         items = sorted((kwargs or {}).items())

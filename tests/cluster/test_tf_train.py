@@ -1,4 +1,5 @@
-"""TensorFlow 2 / Keras 3 training through the real BytePS pipeline on a `bpslaunch --local 2` cluster.
+"""TensorFlow 2 / Keras 3 training through the real BytePS pipeline, on a `bpslaunch --local 2`
+cluster.
 
 One cluster runs one worker script (WORKER below) that trains the digits MLP of
 example/tensorflow/train_digits.py six times (eager, tf.function and model.fit, each with THC and
@@ -80,7 +81,8 @@ pytestmark = [pytest.mark.needs_tf, pytest.mark.needs_fork("server", "tensorflow
 
 def run_cluster(worker, args, timeout, launch_args=(), cwd=ROOT):
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([ROOT] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    env["PYTHONPATH"] = os.pathsep.join(
+        [ROOT] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     for k in [k for k in env if k.startswith(("BYTEPS_", "DMLC_"))]:
         env.pop(k)
     env.update({"TF_CPP_MIN_LOG_LEVEL": "2", "KERAS_BACKEND": "tensorflow",

@@ -1,5 +1,6 @@
-"""The real BytePS scheduler and server (the fork build) on 127.0.0.1, driven by real ps-lite clients
-(tests/cluster/client/thc_client.cc) that send exactly what BytePS workers send, for 2 and 3 workers:
+"""The real BytePS scheduler and server (the fork build) on 127.0.0.1, driven by real ps-lite
+clients (tests/cluster/client/thc_client.cc) that send exactly what BytePS workers send, for 2 and
+3 workers:
 
 - THC sums pulled from the server equal byteps_thc.ThcAggregator bit for bit (8- and 16-bit lanes,
   several rounds, a rotation block);
@@ -189,11 +190,13 @@ def onebit_compress(v):
 
 def test_onebit_key_still_works(cluster):
     n, d = cluster.n, 4096
-    k = Key(cluster, 31 << 16, d, {"compressor_type": "onebit", "compressor_onebit_scaling": "true"})
+    k = Key(cluster, 31 << 16, d,
+            {"compressor_type": "onebit", "compressor_onebit_scaling": "true"})
     rng = np.random.default_rng(4)
     for _ in range(2):
         # values +-2^i: every decompress, sum and scale below is exact in float32
-        xs = [(np.where(rng.random(d) < 0.5, -1, 1) * 2.0 ** i).astype(np.float32) for i in range(n)]
+        xs = [(np.where(rng.random(d) < 0.5, -1, 1) * 2.0 ** i).astype(np.float32)
+              for i in range(n)]
         total = np.sum(xs, axis=0)
         replies = k.round([onebit_compress(x) for x in xs], capacity=4 * d)
         for r in replies:
@@ -237,7 +240,8 @@ def test_mismatched_fingerprint_fails_round(cluster):
     pushes[0] = header(bad_fp) + payloads[0]
     for r in k.round(pushes):
         msg = error_of(r)
-        assert f"THC key {key}" in msg and "configuration mismatch" in msg and "granularity=30" in msg
+        assert (f"THC key {key}" in msg and "configuration mismatch" in msg
+                and "granularity=30" in msg)
     # garbage that is not THC at all
     pushes = [header(fp) + p for p in payloads]
     pushes[0] = b"\x00" * len(pushes[0])
@@ -365,6 +369,9 @@ def test_worker_pipeline_bit_exact(n, servers, tmp_path):
     rc, log = _run_local(n, tmp_path, steps, d, part_bytes, servers=servers)
     assert rc == 0, log[-4000:]
     assert "THC key 0 registered" in log and "THC key 1 registered" in log
-    _check_pipeline(tmp_path, n, steps, 0, "x", "y", part_bytes // 4, lambda v: v.astype(np.float32))
-    _check_pipeline(tmp_path, n, steps, 1, "h", "z", part_bytes // 2, lambda v: v.astype(np.float16))
-    _check_pipeline(tmp_path, n, steps, 4, "x", "w", part_bytes // 4, lambda v: v.astype(np.float32))
+    _check_pipeline(tmp_path, n, steps, 0, "x", "y", part_bytes // 4,
+                    lambda v: v.astype(np.float32))
+    _check_pipeline(tmp_path, n, steps, 1, "h", "z", part_bytes // 2,
+                    lambda v: v.astype(np.float16))
+    _check_pipeline(tmp_path, n, steps, 4, "x", "w", part_bytes // 4,
+                    lambda v: v.astype(np.float32))

@@ -87,7 +87,8 @@ def test_dtypes_through_thc(tmp_path, dtype):
                                     for p in model.parameters())).hexdigest()[:16]
         print("digest", h, "loss", losses[0], losses[-1], flush=True)
     """)
-    code, out, err, _ = bpslaunch(["--local", "2", "--timeout", "200", "--", sys.executable, script])
+    code, out, err, _ = bpslaunch(["--local", "2", "--timeout", "200", "--",
+                                   sys.executable, script])
     assert code == 0, out[-3000:] + err[-3000:]
     found = re.findall(r"\[worker (\d)\] digest (\w+) loss ([0-9.e-]+) ([0-9.e-]+)", out)
     assert len(found) == 2, out[-2000:]

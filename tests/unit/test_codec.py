@@ -80,7 +80,8 @@ def test_homomorphism_sum_of_encodes_is_mean_of_decodes():
         singles.append(one.result().astype(np.int64))
     assert np.array_equal(agg.result().astype(np.int64), sum(singles))  # exact, integers
     together = codecs[0].decode(agg.result(), m, num_workers=n)
-    apart = np.mean([codecs[0].decode(s.astype(np.uint8), m, num_workers=1) for s in singles], axis=0)
+    apart = np.mean([codecs[0].decode(s.astype(np.uint8), m, num_workers=1) for s in singles],
+                    axis=0)
     np.testing.assert_allclose(together, apart, rtol=1e-4, atol=1e-5 * float(np.abs(apart).max()))
 
 
@@ -189,7 +190,7 @@ def test_non_finite_input_changes_nothing():
 
 
 def test_overflow_inside_the_transform_changes_nothing():
-    """Finite inputs near FLT_MAX whose Hadamard sums overflow: a ValueError, like NaN/Inf inputs."""
+    """Finite inputs near FLT_MAX whose Hadamard sums overflow: a ValueError, as for NaN/Inf."""
     c = ThcCodec(ThcConfig(rotation_block=256), size=1000)
     x = np.random.default_rng(0).standard_normal(1000).astype(np.float32)
     c.encode(x, 50.0)
@@ -213,7 +214,8 @@ def test_sizes_and_counts():
     with pytest.raises(ValueError, match="cfg must be a ThcConfig, got dict"):
         ThcCodec({}, size=3)
     c = ThcCodec(cfg, size=10)
-    with pytest.raises(ValueError, match="x has 9 elements, but this codec's partition has size=10"):
+    with pytest.raises(ValueError,
+                       match="x has 9 elements, but this codec's partition has size=10"):
         c.encode(np.zeros(9, np.float32), 1.0)
     with pytest.raises(ValueError, match="x must be 1-D, got shape \\(2, 5\\)"):
         c.encode(np.zeros((2, 5), np.float32), 1.0)

@@ -12,7 +12,8 @@ def test_from_env_reads_what_bpslaunch_sets():
     name, cfg = c.compressor_from_env({"BYTEPS_COMPRESSOR": "thc", "BYTEPS_THC_BITS": "3",
                                        "BYTEPS_THC_GRANULARITY": "14"})
     assert name == "thc" and cfg == ThcConfig(bits=3, granularity=14)
-    assert c.compressor_from_env({"BYTEPS_COMPRESSOR": "onebit", "BYTEPS_COMPRESSOR_EF": "vanilla"}) \
+    assert c.compressor_from_env({"BYTEPS_COMPRESSOR": "onebit",
+                                  "BYTEPS_COMPRESSOR_EF": "vanilla"}) \
         == ("onebit", {"compressor_type": "onebit", "compressor_onebit_scaling": "false",
                        "ef_type": "vanilla"})
     assert c.compressor_from_env({"BYTEPS_COMPRESSOR": "topk", "BYTEPS_COMPRESSOR_K": "0.01"}) \

@@ -6,7 +6,8 @@ from byteps_thc import ThcConfig, env
 
 def test_defaults_are_the_papers():
     c = ThcConfig()
-    assert (c.bits, c.granularity, c.overflow_prob, c.seed, c.error_feedback) == (4, 30, 1 / 32, 42, True)
+    assert ((c.bits, c.granularity, c.overflow_prob, c.seed, c.error_feedback)
+            == (4, 30, 1 / 32, 42, True))
     assert c.clip == pytest.approx(2.15387, abs=1e-5)
     assert list(c.table) == [0, 3, 5, 7, 9, 11, 13, 14, 16, 17, 19, 21, 23, 25, 27, 30]
 
@@ -14,7 +15,8 @@ def test_defaults_are_the_papers():
 @pytest.mark.parametrize("kw,msg", [
     (dict(bits=9), "bits=9"), (dict(granularity=10), "granularity=10"),
     (dict(overflow_prob=0), "overflow_prob=0"), (dict(seed=-1), "seed=-1"),
-    (dict(rotation_block=1000), "rotation_block=1000"), (dict(error_feedback="yes"), "error_feedback"),
+    (dict(rotation_block=1000), "rotation_block=1000"),
+    (dict(error_feedback="yes"), "error_feedback"),
 ])
 def test_validation_names_the_bad_value(kw, msg):
     with pytest.raises(ValueError, match=msg):

@@ -155,7 +155,8 @@ def test_encode_matches_reference(d, bits, dtype, block):
 @needs_gpu
 @pytest.mark.parametrize("d,block,fused,colmax,chunk", [
     (70001, None, 12, 2, 22), ((1 << 16) + 3, None, 12, 1, 22), (8192, None, 12, 1, 22),
-    (20000, None, 12, 3, 22), ((1 << 20) + 5, None, 12, 3, 22), ((1 << 20) + 5, 1 << 15, 14, 11, 16),
+    (20000, None, 12, 3, 22), ((1 << 20) + 5, None, 12, 3, 22),
+    ((1 << 20) + 5, 1 << 15, 14, 11, 16),
     ((1 << 18) + 77, 1 << 16, 12, 2, 17), ((1 << 20) + 5, 1 << 17, 14, 11, 22)])
 def test_forced_passes(d, block, fused, colmax, chunk):
     """Blocks split into many transform passes (the middle passes of blocks beyond 2^23) and
@@ -179,7 +180,8 @@ def test_forced_passes(d, block, fused, colmax, chunk):
 @needs_gpu
 @pytest.mark.parametrize("d", [1000, (1 << 20) + 5])
 def test_matches_cpu_core_over_steps(d):
-    """Two steps with error feedback: payloads equal the CPU extension's (residuals evolve alike)."""
+    """Two steps with error feedback: payloads equal the CPU extension's (residuals evolve
+    alike)."""
     from byteps_thc import ThcCodec
     cfg = ThcConfig()
     gpu, cpu = thc_cuda.CudaCodec(cfg, d, 2), ThcCodec(cfg, d, 2)
@@ -370,7 +372,7 @@ def test_public_api_keeps_cuda_tensors_on_the_device():
     assert torch.equal(ref, sums)
 
 
-# -- without a GPU: the kernels' own code under a CPU emulation --------------------------------------
+# -- without a GPU: the kernels' own code under a CPU emulation ------------------------------------
 # csrc/thc/cuda/emulate.h runs tile.cuh's kernels with one std::thread per CUDA thread and a barrier
 # for __syncthreads; launch.cu (planning, passes, chunks) and the bindings are compiled unchanged.
 # "Device pointers" are then host pointers. Bit-exact against the reference: payload, residual,
@@ -409,9 +411,9 @@ def _emulation_module():
     lib = out / f"_thc_cuda_emu{suffix}"
     if not lib.exists():
         out.mkdir(parents=True, exist_ok=True)
-        flags = ["-std=c++17", "-O1", "-fPIC", "-pthread", "-DTHC_CUDA_EMULATE", "-ffp-contract=off",
-                 "-Wno-attributes", f"-I{root / 'csrc'}", f"-I{cuda_inc}", f"-I{pybind11.get_include()}",
-                 f"-I{sysconfig.get_paths()['include']}"]
+        flags = ["-std=c++17", "-O1", "-fPIC", "-pthread", "-DTHC_CUDA_EMULATE",
+                 "-ffp-contract=off", "-Wno-attributes", f"-I{root / 'csrc'}", f"-I{cuda_inc}",
+                 f"-I{pybind11.get_include()}", f"-I{sysconfig.get_paths()['include']}"]
 
         def compile_one(src):
             obj = out / (src.stem + ".o")
@@ -476,7 +478,8 @@ def _emu_norm(k, code, xin, dt, r, d, wsp):
     return float(out[0]), int(status[0])
 
 
-@pytest.mark.parametrize("case", EMU_CASES, ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()))
+@pytest.mark.parametrize("case", EMU_CASES,
+                         ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()))
 def test_emulated_kernels_bit_exact(emu, case):
     k = emu
     d, bits, block = case["d"], case.get("bits", 4), case.get("block")
@@ -674,6 +677,7 @@ def test_status_text_names_the_cause(emu):
     for k in (emu, _C.cuda):
         both = k.status_text(k.STATUS_NON_FINITE_INPUT | k.STATUS_OVERFLOW)
         assert both.startswith("gradient: NaN or Inf") and "overflow" not in both
-        assert k.status_text(k.STATUS_OVERFLOW).startswith("rotation: the Hadamard rotation overflowed")
+        assert k.status_text(k.STATUS_OVERFLOW).startswith(
+            "rotation: the Hadamard rotation overflowed")
         assert "max_norm" in k.status_text(k.STATUS_NON_FINITE_NORM)
         assert k.status_text(0) == ""

@@ -83,7 +83,8 @@ def test_fwht_against_naive_matrix(isa, block):
     assert _C.force_isa(isa)
     x = np.random.default_rng(block).standard_normal(4 * block).astype(np.float32)
     got = _C.fwht(x, block)
-    np.testing.assert_allclose(got, naive_hadamard(x, block), rtol=1e-5, atol=1e-4 * math.sqrt(block))
+    np.testing.assert_allclose(got, naive_hadamard(x, block), rtol=1e-5,
+                               atol=1e-4 * math.sqrt(block))
     assert np.array_equal(bits_of(got), bits_of(R.fwht(x, block)))
 
 
@@ -359,11 +360,13 @@ def test_encode_overflow_inside_the_transform(isa, ef, block, pos):
     big[pos:pos + 64] = 3e38
     with pytest.raises(ValueError, match="overflowed float32"):
         R.encode(cfg, big, 1e30, 0, step, res)
-    with pytest.raises(ValueError, match="encode of x.*: the Hadamard rotation overflowed float32.*nothing was changed"):
+    with pytest.raises(ValueError, match="encode of x.*: the Hadamard rotation overflowed "
+                                         "float32.*nothing was changed"):
         enc.encode(big, 1e30)
     assert enc.step == step
     if ef:  # the norm rotates too, and says so
-        with pytest.raises(ValueError, match="norm of x \\+ residual: the Hadamard rotation overflowed float32"):
+        with pytest.raises(ValueError, match="norm of x \\+ residual: "
+                                             "the Hadamard rotation overflowed float32"):
             enc.norm(big)
         with pytest.raises(ValueError, match="overflowed float32"):
             R.norm(big, res, cfg)
@@ -454,7 +457,8 @@ def test_validate_names_field_and_value(field, value, message):
 
 
 @pytest.mark.parametrize("d,block", [(1, None), (3, None), (1000, None), (5, 4), (1000, 1024),
-                                     ((1 << 20) + 5, None), ((1 << 20) + 5, 1024), (3 * 4096 + 1, 4096)])
+                                     ((1 << 20) + 5, None), ((1 << 20) + 5, 1024),
+                                     (3 * 4096 + 1, 4096)])
 def test_geometry(d, block):
     cfg = ThcConfig(rotation_block=block)
     g = R.geometry(cfg, d)
@@ -505,7 +509,8 @@ def test_aggregate_exact(isa, bits, g, n, lane, d):
 def test_aggregate_errors():
     cfg = ThcConfig()
     agg = _C.Aggregator(core(cfg), 1000, 2)
-    with pytest.raises(ValueError, match="payload has 499 bytes, expected 512 \\(d=1000, padded=1024, bits=4\\)"):
+    with pytest.raises(ValueError, match="payload has 499 bytes, "
+                                         "expected 512 \\(d=1000, padded=1024, bits=4\\)"):
         agg.add(np.zeros(499, np.uint8))
     agg.add(np.zeros(512, np.uint8))
     agg.add(np.zeros(512, np.uint8))
@@ -545,7 +550,8 @@ def test_decode_errors():
     cfg = ThcConfig()
     c = core(cfg)
     s8 = np.zeros(1024, np.uint8)
-    with pytest.raises(ValueError, match="sums have 8-bit lanes, but num_workers=9 and granularity=30 need 16-bit"):
+    with pytest.raises(ValueError, match="sums have 8-bit lanes, "
+                                         "but num_workers=9 and granularity=30 need 16-bit"):
         _C.decode(c, 1000, s8, 9, 1.0)
     with pytest.raises(ValueError, match="sums have 1000 elements, expected the padded size 1024"):
         _C.decode(c, 1000, np.zeros(1000, np.uint8), 2, 1.0)

@@ -60,7 +60,8 @@ def test_thc_flags_reach_the_environment():
         "BYTEPS_THC_ROTATION_BLOCK": "0", "BYTEPS_THC_ERROR_FEEDBACK": "1",
         "BYTEPS_COMPRESSOR_SET_BY": "bpslaunch"}
     # what the workers read back is exactly what the flags said
-    assert ThcConfig.from_env(env) == ThcConfig(bits=3, granularity=16, overflow_prob=1 / 32, seed=7)
+    assert ThcConfig.from_env(env) == ThcConfig(bits=3, granularity=16, overflow_prob=1 / 32,
+                                                seed=7)
 
 
 def test_thc_defaults_are_the_config_defaults():
@@ -131,7 +132,8 @@ def test_local_cluster_roles_ports_and_isolation():
     specs = _specs(n=3, m=2)
     assert [s.name for s in specs] == ["scheduler", "server 0", "server 1",
                                        "worker 0", "worker 1", "worker 2"]
-    assert [s.role for s in specs] == ["scheduler", "server", "server", "worker", "worker", "worker"]
+    assert [s.role for s in specs] == ["scheduler", "server", "server",
+                                       "worker", "worker", "worker"]
     ports = [s.env["DMLC_NODE_PORT"] for s in specs]
     assert ports == [str(p) for p in range(9000, 9006)]  # every process its own port
     for s in specs:
@@ -332,7 +334,8 @@ def test_failing_worker_stops_everything_quickly_and_is_named(tmp_path):
 
 def test_worker_killed_by_a_signal_is_reported():
     specs = [_spec("scheduler", "scheduler", SERVE),
-             _spec("worker 0", "worker", _py("import os, signal; os.kill(os.getpid(), signal.SIGKILL)")),
+             _spec("worker 0", "worker",
+                   _py("import os, signal; os.kill(os.getpid(), signal.SIGKILL)")),
              _spec("worker 1", "worker", SERVE)]
     outcome, out, err, took = _run(specs)
     assert outcome.code == 128 + signal.SIGKILL and outcome.failed == "worker 0"
@@ -423,7 +426,8 @@ def test_killed_launcher_leaves_no_process(tmp_path):
     worker = textwrap.dedent(f"""
         import os, subprocess, sys, time
         p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
-        with open(os.path.join({str(tmp_path)!r}, "up." + os.environ["BYTEPS_LOCAL_RANK"]), "w") as f:
+        up = os.path.join({str(tmp_path)!r}, "up." + os.environ["BYTEPS_LOCAL_RANK"])
+        with open(up, "w") as f:
             f.write(str(p.pid))
         time.sleep(300)
     """)
@@ -500,7 +504,8 @@ def test_main_local_with_stand_in_roles(tmp_path, monkeypatch, capfd):
     code = launch.main(["--local", "2", "--compressor", "thc", "--", PY, "-c",
                         "import os, time; time.sleep(0.2); "
                         "assert os.path.isdir(os.environ['BYTEPS_SOCKET_PATH']); "
-                        "print('id', os.environ['DMLC_WORKER_ID'], os.environ['BYTEPS_COMPRESSOR']); "
+                        "print('id', os.environ['DMLC_WORKER_ID'], "
+                        "os.environ['BYTEPS_COMPRESSOR']); "
                         f"open({str(stop)!r}, 'a').close()"])
     cap = capfd.readouterr()
     assert code == 0, cap.err

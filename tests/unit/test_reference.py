@@ -54,7 +54,8 @@ def test_geometry():
 
 
 # spec §4: NMSE, d = 2^20, 1024-wide blocks, b=4, g=30, p=1/32, no EF; +-5%
-SPEC_NMSE = {"normal": [0.0204, 0.0102, 0.0051, 0.0025], "lognormal": [0.0210, 0.0108, 0.0057, 0.0032]}
+SPEC_NMSE = {"normal": [0.0204, 0.0102, 0.0051, 0.0025],
+             "lognormal": [0.0210, 0.0108, 0.0057, 0.0032]}
 
 
 @pytest.mark.parametrize("dist", ["normal", "lognormal"])
@@ -63,7 +64,8 @@ def test_nmse_matches_the_spec(dist):
     d = 1 << 20
     for n, expected in zip((1, 2, 4, 8), SPEC_NMSE[dist]):
         rng = np.random.default_rng(100 + n)
-        gs = [(rng.standard_normal(d) if dist == "normal" else rng.lognormal(0, 1, d)).astype(np.float32)
+        gs = [(rng.standard_normal(d) if dist == "normal"
+               else rng.lognormal(0, 1, d)).astype(np.float32)
               for _ in range(n)]
         mean = np.mean(np.stack(gs).astype(np.float64), axis=0)
         est, _ = R.simulate_round(cfg, gs)
@@ -95,7 +97,8 @@ def test_unbiased_including_clipping():
     spike = np.zeros(d, np.float32)
     spike[3] = 40.0
     neg = R.sign_bits(cfg.seed, d)
-    x = rng.standard_normal(d).astype(np.float32) + R.apply_signs(R.fwht(spike, d) / np.float32(math.sqrt(d)), neg)
+    x = (rng.standard_normal(d).astype(np.float32)
+         + R.apply_signs(R.fwht(spike, d) / np.float32(math.sqrt(d)), neg))
     m = R.norm(x)
     target = _clipped_target(cfg, x, m)
     assert np.max(np.abs(target - x)) > 0.5  # clipping really happened
@@ -125,7 +128,8 @@ def test_homomorphism():
     tbl = np.array(cfg.table)
     np.testing.assert_array_equal(sums.astype(np.int64), np.sum([tbl[e[2]] for e in encs], axis=0))
     joint = R.decode(cfg, sums, d, n, m)
-    singles = np.mean([R.decode(cfg, R.aggregate(cfg, [e[0]], d, 1), d, 1, m) for e in encs], axis=0)
+    singles = np.mean([R.decode(cfg, R.aggregate(cfg, [e[0]], d, 1), d, 1, m) for e in encs],
+                      axis=0)
     np.testing.assert_allclose(joint, singles, rtol=0, atol=1e-5 * m / math.sqrt(d) * 30)
 
 

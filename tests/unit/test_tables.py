@@ -20,8 +20,8 @@ def test_published_tables(args, expected):
     assert list(solve_table(*args)) == expected
 
 
-@pytest.mark.parametrize("bits,g,p", [(1, 1, 0.1), (2, 3, 1 / 32), (2, 10, 1 / 16), (5, 100, 1 / 64),
-                                      (8, 255, 1 / 32), (4, 31, 1 / 32)])
+@pytest.mark.parametrize("bits,g,p", [(1, 1, 0.1), (2, 3, 1 / 32), (2, 10, 1 / 16),
+                                      (5, 100, 1 / 64), (8, 255, 1 / 32), (4, 31, 1 / 32)])
 def test_valid_shape(bits, g, p):
     t = solve_table(bits, g, p)
     assert len(t) == 1 << bits and t[0] == 0 and t[-1] == g
@@ -44,7 +44,8 @@ def _brute_force(bits, g, p):
     return best[1]
 
 
-@pytest.mark.parametrize("bits,g,p", [(3, 16, 1 / 32), (3, 20, 1 / 8), (3, 25, 1 / 100), (4, 30, 1 / 32)])
+@pytest.mark.parametrize("bits,g,p", [(3, 16, 1 / 32), (3, 20, 1 / 8), (3, 25, 1 / 100),
+                                      (4, 30, 1 / 32)])
 def test_dynamic_programming_matches_brute_force(bits, g, p):
     assert solve_table(bits, g, p) == _brute_force(bits, g, p)
 
@@ -67,7 +68,8 @@ def test_error_figures_of_the_spec():
 
 
 @pytest.mark.parametrize("bad,msg", [((0, 30, 0.1), "bits=0"), ((9, 300, 0.1), "bits=9"),
-                                     ((4, 14, 0.1), "granularity=14"), ((4, 30, 0.0), "overflow_prob=0.0"),
+                                     ((4, 14, 0.1), "granularity=14"),
+                                     ((4, 30, 0.0), "overflow_prob=0.0"),
                                      ((4, 30, 1.5), "overflow_prob=1.5")])
 def test_bad_arguments_are_named(bad, msg):
     with pytest.raises(ValueError, match=msg):

@@ -124,8 +124,8 @@ def setup_compiler(compiler):
         def one(item):
             i, obj = item
             src, ext = build[obj]
-            print("[byteps-thc build] compile %d/%d %s" % (i + 1, total, os.path.relpath(src, HERE)),
-                  flush=True)
+            print("[byteps-thc build] compile %d/%d %s"
+                  % (i + 1, total, os.path.relpath(src, HERE)), flush=True)
             _compile(obj, src, ext, cc_args, extra_postargs, pp_opts)
 
         with ThreadPool(jobs()) as pool:

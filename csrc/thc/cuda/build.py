@@ -22,8 +22,9 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-FLAGS = ["-O3", "--fmad=false", "-std=c++17", "-Xcompiler", "-fPIC", "-Xcompiler", "-fvisibility=hidden",
-         "-Xcompiler", "-ffp-contract=off", "-DTHC_WITH_CUDA=1"]
+FLAGS = ["-O3", "--fmad=false", "-std=c++17", "-Xcompiler", "-fPIC",
+         "-Xcompiler", "-fvisibility=hidden", "-Xcompiler", "-ffp-contract=off",
+         "-DTHC_WITH_CUDA=1"]
 
 
 def nvcc_version(nvcc: str) -> tuple:
@@ -122,14 +123,17 @@ def cuda_objects(nvcc, build_temp: Path, root: Path):
     h.update(repr([j[2] for j in jobs]).encode())
     stamp = out_dir / "stamp"
     objects = [str(j[1]) for j in jobs]
-    if stamp.exists() and stamp.read_text() == h.hexdigest() and all(Path(o).exists() for o in objects):
+    if (stamp.exists() and stamp.read_text() == h.hexdigest()
+            and all(Path(o).exists() for o in objects)):
         print(f"[thc cuda] objects up to date ({len(objects)})", flush=True)
     else:
         if stamp.exists():
             stamp.unlink()
         t0 = time.time()
-        print(f"[thc cuda] compiling {len(jobs)} files for sm_{', sm_'.join(map(str, archs))}", flush=True)
-        parallel = max(1, int(os.environ.get("THC_CUDA_JOBS", "0")) or min(len(jobs), os.cpu_count() or 1, 8))
+        print(f"[thc cuda] compiling {len(jobs)} files for sm_{', sm_'.join(map(str, archs))}",
+              flush=True)
+        parallel = max(1, int(os.environ.get("THC_CUDA_JOBS", "0"))
+                       or min(len(jobs), os.cpu_count() or 1, 8))
         with concurrent.futures.ThreadPoolExecutor(parallel) as pool:
             futs = [pool.submit(_compile, cmd + ["-c", str(src), "-o", str(obj)], src.name)
                     for src, obj, cmd in jobs]
@@ -145,7 +149,9 @@ def cuda_objects(nvcc, build_temp: Path, root: Path):
 
 if __name__ == "__main__":  # a compile check on its own: python csrc/thc/cuda/build.py [nvcc]
     import shutil
-    tool = sys.argv[1] if len(sys.argv) > 1 else (shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc")
-    objs, link, macros = cuda_objects(tool, HERE.parents[2] / "build" / "cuda-check", HERE.parents[2])
+    tool = (sys.argv[1] if len(sys.argv) > 1
+            else (shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"))
+    objs, link, macros = cuda_objects(tool, HERE.parents[2] / "build" / "cuda-check",
+                                      HERE.parents[2])
     print("\n".join(objs))
     print(link, macros)

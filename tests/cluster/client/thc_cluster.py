@@ -23,13 +23,15 @@ from byteps_thc.launch.supervisor import kill_groups
 
 ROOT = Path(__file__).resolve().parents[3]
 CLIENT_SRC = ROOT / "tests" / "cluster" / "client" / "thc_client.cc"
-THC_WIRE_SRC = ROOT / "csrc" / "byteps" / "src" / "byteps" / "common" / "compressor" / "impl" / "thc_wire.cc"
+THC_WIRE_SRC = (ROOT / "csrc" / "byteps" / "src" / "byteps" / "common" / "compressor" / "impl"
+                / "thc_wire.cc")
 
 # BytePS request types (the ps-lite command pairs them with the dtype) and dtypes.
 DEFAULT, COMPRESSED, THC_NORM = 0, 2, 3
 FLOAT32, FLOAT64 = 0, 1
 PUSH_MAGIC, PULL_MAGIC, WIRE_VERSION = 0x31434854, 0x52434854, 1
-PULL_HEADER = struct.Struct("<IiIIQQ")  # magic, status, lane_bits, num_workers, round, payload_bytes
+# magic, status, lane_bits, num_workers, round, payload_bytes
+PULL_HEADER = struct.Struct("<IiIIQQ")
 
 
 def command(request_type: int, dtype: int) -> int:
@@ -171,7 +173,8 @@ class Cluster:
         self.dir = workdir
         self.dir.mkdir(parents=True, exist_ok=True)
         port = free_port()
-        base = {k: v for k, v in os.environ.items() if not k.startswith(("DMLC_", "BYTEPS_", "PS_"))}
+        base = {k: v for k, v in os.environ.items()
+                if not k.startswith(("DMLC_", "BYTEPS_", "PS_"))}
         base.update({
             "DMLC_NUM_WORKER": str(num_workers), "DMLC_NUM_SERVER": "1",
             "DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": str(port),
@@ -188,7 +191,8 @@ class Cluster:
             self.procs.append(subprocess.Popen(list(argv), env=env, stdout=open(log, "wb"),
                                                stderr=subprocess.STDOUT, start_new_session=True))
         self.server = self.procs[1]
-        self.clients = [Client(client_exe, dict(base, DMLC_ROLE="worker"), self.dir / f"client{i}.log")
+        self.clients = [Client(client_exe, dict(base, DMLC_ROLE="worker"),
+                               self.dir / f"client{i}.log")
                         for i in range(num_workers)]
         try:
             hello = self.all(["hello"] * num_workers, timeout=startup_timeout)

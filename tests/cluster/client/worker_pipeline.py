@@ -1,7 +1,7 @@
-"""Run in every worker of a real local cluster (bpslaunch --local N): push_pull known tensors through
-BytePS's CPU worker pipeline (THC_NORM -> COMPRESS -> PUSH -> PULL -> DECOMPRESS) with THC kwargs,
-and save inputs and outputs; tests/cluster/test_thc_server.py checks them against the codec bit
-for bit.
+"""Run in every worker of a real local cluster (bpslaunch --local N): push_pull known tensors
+through BytePS's CPU worker pipeline (THC_NORM -> COMPRESS -> PUSH -> PULL -> DECOMPRESS) with THC
+kwargs, and save inputs and outputs; tests/cluster/test_thc_server.py checks them against the codec
+bit for bit.
 
     worker_pipeline.py OUT_DIR STEPS D
 Declares, in this order (so their BytePS declared keys are 0, 1, 2, 3): "thc_f32" (float32, THC),
