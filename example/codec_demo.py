@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from byteps_thc import ThcAggregator, ThcCodec, ThcConfig  # noqa: E402
+from byteps_thc import ThcAggregator, ThcCodec, ThcConfig
 
 
 def model():
@@ -37,7 +37,8 @@ def worker_gradients(net, rank, batch=64):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--bits", type=int, default=4)
     ap.add_argument("--granularity", type=int, default=30)
@@ -74,8 +75,8 @@ def main():
         comp_up += payloads[0].nbytes
         comp_down += sums.nbytes
         print(f"{name:<12}{d:>10}{e / r if r else 0.0:>10.4f}")
-    print(f"\nbytes per worker, up+down: {2 * raw:,} uncompressed -> {comp_up + comp_down:,} with THC "
-          f"({(comp_up + comp_down) / (2 * raw):.1%}; rotation padding included)")
+    print(f"\nbytes per worker, up+down: {2 * raw:,} uncompressed -> {comp_up + comp_down:,} "
+          f"with THC ({(comp_up + comp_down) / (2 * raw):.1%}; rotation padding included)")
     print(f"NMSE of the averaged gradient over all tensors: {err / ref:.4f} "
           f"(theory for {n} workers: {cfg.expected_error()['total'] / n:.4f})")
     print(f"encode {t_enc * 1e3 / n:.2f} ms per worker, decode {t_dec * 1e3:.2f} ms, "

@@ -10,43 +10,23 @@ averaged by bps.DistributedTrainer with whatever compression `bpslaunch --compre
 `--compressor` here). Prints per-epoch progress, the final test accuracy and a digest of the
 weights (equal on all workers). Without a BytePS launcher it trains in this one process.
 """
-import argparse
 import hashlib
-import json
 import os
 import sys
 import time
 
-import numpy as np
 import mxnet as mx
+import numpy as np
 from mxnet import autograd, gluon, nd
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import common  # example/common.py
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--epochs", type=int, default=8)
-    p.add_argument("--batch-size", type=int, default=32, help="per worker")
-    p.add_argument("--lr", type=float, default=0.05)
-    p.add_argument("--momentum", type=float, default=0.9)
-    p.add_argument("--hidden", type=int, default=512)
-    p.add_argument("--compressor", choices=("env", "none", "thc"), default="env",
-                   help="env (default): what bpslaunch --compressor chose")
-    p.add_argument("--thc-bits", type=int, default=4)
-    p.add_argument("--seed", type=int, default=0)
+    p = common.digits_parser(__doc__, compressors=("env", "none", "thc"))
     p.add_argument("--prefix", default="mlp_", help="Gluon name prefix of the model")
-    p.add_argument("--stats-json", metavar="PATH", help="rank 0 writes its measurements here")
     return p.parse_args(argv)
-
-
-def load_digits_split(seed=0):
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
-    data = load_digits()
-    x = (data.data / 16.0).astype(np.float32)
-    y = data.target.astype(np.int64)
-    x_tr, x_te, y_tr, y_te = train_test_split(x, y, test_size=0.2, random_state=seed, stratify=y)
-    mean, std = x_tr.mean(0), x_tr.std(0) + 1e-3
-    return ((x_tr - mean) / std, y_tr), ((x_te - mean) / std, y_te)
 
 
 def make_model(hidden, prefix):
@@ -69,10 +49,9 @@ def weights_digest(net):
 
 
 def train(bps, args, compression, data, log=print):
-    (x_tr, y_tr), (x_te, y_te) = data
+    x_te, y_te = data[1]
     rank, size = bps.rank(), bps.size()
-    xs, ys = x_tr[rank::size], y_tr[rank::size]
-    steps_per_epoch = (len(y_tr) // size) // args.batch_size
+    xs, ys, steps_per_epoch = common.shard(data[0], rank, size, args.batch_size)
     net = make_model(args.hidden, args.prefix)
     opt_params = {"learning_rate": args.lr, "momentum": args.momentum}
     if size > 1 or hasattr(bps, "DistributedTrainer"):
@@ -108,52 +87,24 @@ def train(bps, args, compression, data, log=print):
             "steps": steps_per_epoch * args.epochs, "seconds": time.perf_counter() - t0}
 
 
-class Single:
-    @staticmethod
-    def init():
-        pass
-
-    @staticmethod
-    def rank():
-        return 0
-
-    @staticmethod
-    def size():
-        return 1
-
-    @staticmethod
-    def shutdown():
-        pass
-
-
 def main(argv=None):
     args = parse_args(argv)
-    distributed = "DMLC_ROLE" in os.environ
-    if distributed:
-        import byteps.mxnet as bps
-    else:
-        bps = Single
-        print("no DMLC_ROLE: training in this process only (use bpslaunch --local N for BytePS)")
-    bps.init()
+    bps, distributed = common.start("mxnet")
     compression = None
     if distributed and args.compressor == "thc":
         compression = bps.Compression.thc(bits=args.thc_bits)
     elif distributed and args.compressor == "env":
         from byteps_thc.mxnet import from_env
         compression = from_env()
-    data = load_digits_split(args.seed)
+    data = common.load_digits_split(args.seed)
     if bps.rank() == 0:
         print(f"digits: {len(data[0][1])} training and {len(data[1][1])} test images, "
               f"{bps.size()} worker(s), MLP 64-{args.hidden}-{args.hidden}-10, "
               f"compression {compression!r}", flush=True)
-    r = train(bps, args, compression, data, log=lambda line: print(line, flush=True))
-    print(f"final test accuracy: {r['accuracy']:.4f}  ({r['steps']} steps, {r['seconds']:.1f}s)  "
-          f"parameter digest {r['digest']}", flush=True)
-    if bps.rank() == 0 and args.stats_json:
-        with open(args.stats_json, "w") as f:
-            json.dump(r, f, indent=1)
-    bps.shutdown()
-    return 0
+    tx0 = common.loopback_tx_bytes()
+    result = train(bps, args, compression, data, log=lambda line: print(line, flush=True))
+    result.update(common.wire_stats(tx0, common.loopback_tx_bytes(), result["steps"]))
+    return common.finish(bps, args, result)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Synthetic-data throughput of BytePS training with ResNet-50 or VGG-16 (built here in plain torch).
+"""Synthetic-data throughput of BytePS training with ResNet-50 or VGG-16, built in plain torch.
 
     bpslaunch --local 2 -- python example/pytorch/benchmark_synthetic.py --compressor none
     bpslaunch --local 2 -- python example/pytorch/benchmark_synthetic.py --compressor thc
@@ -11,14 +11,15 @@ total) and the bytes that crossed the loopback interface per step (measured, /pr
 meaningful when the cluster is alone on lo, e.g. inside `unshare -n`, as scripts/demo.py does).
 Without a BytePS launcher (no DMLC_ROLE) it measures one process's compute only.
 """
-import argparse
 import os
 import sys
-import time
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import common  # example/common.py
 
 
 # ------------------------------------------------------------------------------------------------
@@ -94,59 +95,22 @@ class VGG16(nn.Module):
 MODELS = {"resnet50": ResNet50, "vgg16": VGG16}
 
 
-# ------------------------------------------------------------------------------------------------
-def loopback_tx_bytes():
-    try:
-        with open("/proc/net/dev") as f:
-            for line in f:
-                name, _, rest = line.partition(":")
-                if name.strip() == "lo":
-                    return int(rest.split()[8])
-    except OSError:
-        pass
-    return None
-
-
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", choices=sorted(MODELS), default="resnet50")
-    p.add_argument("--batch-size", type=int, default=4, help="per worker")
-    p.add_argument("--image-size", type=int, default=64)
-    p.add_argument("--num-warmup", type=int, default=2)
-    p.add_argument("--num-iters", type=int, default=10)
-    p.add_argument("--compressor", choices=("env", "none", "fp16", "thc"), default="env",
-                   help="env (default): what bpslaunch --compressor chose")
-    p.add_argument("--thc-bits", type=int, default=4)
-    return p.parse_args(argv)
-
-
 def main(argv=None):
-    args = parse_args(argv)
-    distributed = "DMLC_ROLE" in os.environ
-    if distributed:
-        import byteps.torch as bps
-        bps.init()
-        rank, size = bps.rank(), bps.size()
-    else:
-        bps, rank, size = None, 0, 1
+    args = common.benchmark_parser(__doc__, MODELS).parse_args(argv)
+    bps, distributed = common.start("torch")
+    rank, size = bps.rank(), bps.size()
     torch.manual_seed(0)
     model = MODELS[args.model]()
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     comp = "none (single process)"
     if distributed:
-        compression = {"env": None, "thc": None, "none": bps.Compression.none,
-                       "fp16": bps.Compression.fp16}[args.compressor]
-        if args.compressor == "thc":
-            compression = bps.Compression.thc(bits=args.thc_bits)
         opt = bps.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
-                                       compression=compression)
+                                       compression=common.choose_compression(bps, args))
         comp = repr(opt._compression)
         bps.broadcast_parameters(model.state_dict(), root_rank=0)
     n_params = sum(p.numel() for p in model.parameters())
     if rank == 0:
-        print(f"{args.model}: {n_params / 1e6:.1f} M parameters ({n_params * 4 / 2**20:.0f} MiB "
-              f"float32), batch {args.batch_size}/worker, {args.image_size}px, {size} worker(s), "
-              f"compression {comp}", flush=True)
+        common.print_model(args, n_params, size, comp)
     data = torch.randn(args.batch_size, 3, args.image_size, args.image_size)
     target = torch.randint(0, 1000, (args.batch_size,))
 
@@ -155,31 +119,7 @@ def main(argv=None):
         F.cross_entropy(model(data), target).backward()
         opt.step()
 
-    for _ in range(args.num_warmup):
-        step()
-    tx0, t0 = loopback_tx_bytes(), time.perf_counter()
-    for i in range(args.num_iters):
-        ts = time.perf_counter()
-        step()
-        if rank == 0:
-            print(f"iter {i + 1}/{args.num_iters}: {args.batch_size / (time.perf_counter() - ts):.2f} "
-                  "samples/s per worker", flush=True)
-    seconds = time.perf_counter() - t0
-    tx1 = loopback_tx_bytes()
-    per_worker = args.batch_size * args.num_iters / seconds
-    if rank == 0:
-        line = (f"RESULT model={args.model} compression={comp} workers={size} "
-                f"samples/s per worker={per_worker:.2f} total={per_worker * size:.2f}")
-        if distributed and tx0 is not None and tx1 is not None:
-            per_step = (tx1 - tx0) / args.num_iters
-            # every worker pushes and pulls: uncompressed is about 2 x workers x the model
-            line += (f" loopback bytes/step={per_step:.0f} "
-                     f"({per_step / (n_params * 4):.3f} x the float32 model size, all workers' "
-                     "pushes and pulls)")
-        print(line, flush=True)
-    if distributed:
-        bps.shutdown()
-    return 0
+    return common.benchmark(bps, distributed, args, step, comp, n_params)
 
 
 if __name__ == "__main__":

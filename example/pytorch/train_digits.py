@@ -11,45 +11,22 @@ Prints per-epoch progress and the final test accuracy. `--stats-json` writes wha
 
 Without a BytePS launcher (no DMLC_ROLE) it trains in this one process, uncompressed.
 """
-import argparse
 import hashlib
-import json
 import os
 import sys
 import time
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import common  # example/common.py
+
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--epochs", type=int, default=8)
-    p.add_argument("--batch-size", type=int, default=32, help="per worker")
-    p.add_argument("--lr", type=float, default=0.05)
-    p.add_argument("--momentum", type=float, default=0.9)
-    p.add_argument("--hidden", type=int, default=512,
-                   help="hidden width; the default makes most bytes large, compressible tensors")
-    p.add_argument("--compressor", choices=("env", "none", "fp16", "thc"), default="env",
-                   help="env (default): what bpslaunch --compressor chose")
-    p.add_argument("--thc-bits", type=int, default=4)
-    p.add_argument("--seed", type=int, default=0)
+    p = common.digits_parser(__doc__)
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
-    p.add_argument("--stats-json", metavar="PATH", help="rank 0 writes its measurements here")
     return p.parse_args(argv)
-
-
-def load_digits_split(seed=0):
-    """Standardised digits, split 80/20 the same way on every worker."""
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
-    data = load_digits()
-    x = (data.data / 16.0).astype(np.float32)
-    y = data.target.astype(np.int64)
-    x_tr, x_te, y_tr, y_te = train_test_split(x, y, test_size=0.2, random_state=seed, stratify=y)
-    mean, std = x_tr.mean(0), x_tr.std(0) + 1e-3
-    return ((x_tr - mean) / std, y_tr), ((x_te - mean) / std, y_te)
 
 
 def make_model(hidden, dtype):
@@ -58,19 +35,6 @@ def make_model(hidden, dtype):
         torch.nn.Linear(64, hidden), torch.nn.ReLU(),
         torch.nn.Linear(hidden, hidden), torch.nn.ReLU(),
         torch.nn.Linear(hidden, 10)).to(dtype)
-
-
-def loopback_tx_bytes():
-    """Bytes sent through the loopback interface so far (/proc/net/dev), or None."""
-    try:
-        with open("/proc/net/dev") as f:
-            for line in f:
-                name, _, rest = line.partition(":")
-                if name.strip() == "lo":
-                    return int(rest.split()[8])
-    except OSError:
-        pass
-    return None
 
 
 def param_digest(model):
@@ -82,42 +46,15 @@ def param_digest(model):
     return h.hexdigest()[:16]
 
 
-class Single:
-    """Stands in for byteps.torch when no launcher started us."""
-    @staticmethod
-    def init():
-        pass
-
-    @staticmethod
-    def rank():
-        return 0
-
-    @staticmethod
-    def size():
-        return 1
-
-    @staticmethod
-    def shutdown():
-        pass
-
-
 def main(argv=None):
     args = parse_args(argv)
-    distributed = "DMLC_ROLE" in os.environ
-    if distributed:
-        import byteps.torch as bps
-    else:
-        bps = Single
-        print("no DMLC_ROLE: training in this process only (use bpslaunch --local N for BytePS)")
-    bps.init()
+    bps, distributed = common.start("torch")
     rank, size = bps.rank(), bps.size()
     dtype = getattr(torch, args.dtype)
 
-    (x_tr, y_tr), (x_te, y_te) = load_digits_split(args.seed)
-    n_train = len(y_tr)
-    x_tr, y_tr = x_tr[rank::size], y_tr[rank::size]             # this worker's shard
-    # every worker must make the same number of steps: the smallest shard's
-    steps_per_epoch = (n_train // size) // args.batch_size
+    data = common.load_digits_split(args.seed)
+    x_tr, y_tr, steps_per_epoch = common.shard(data[0], rank, size, args.batch_size)
+    n_train, (x_te, y_te) = len(data[0][1]), data[1]
     x_tr_t, y_tr_t = torch.from_numpy(x_tr).to(dtype), torch.from_numpy(y_tr)
     x_te_t, y_te_t = torch.from_numpy(x_te).to(dtype), torch.from_numpy(y_te)
 
@@ -125,14 +62,9 @@ def main(argv=None):
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
     compression_name = "none"
     if distributed:
-        if args.compressor == "env":
-            compression = None  # DistributedOptimizer: what bpslaunch --compressor chose
-        elif args.compressor == "thc":
-            compression = bps.Compression.thc(bits=args.thc_bits)
-        else:
-            compression = getattr(bps.Compression, args.compressor)
+        # env: None, and DistributedOptimizer takes what bpslaunch --compressor chose
         opt = bps.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
-                                       compression=compression)
+                                       compression=common.choose_compression(bps, args))
         compression_name = repr(opt._compression) if hasattr(opt, "_compression") else "?"
         bps.broadcast_parameters(model.state_dict(), root_rank=0)
         bps.broadcast_optimizer_state(opt, root_rank=0)
@@ -156,7 +88,7 @@ def main(argv=None):
         return (pred == y_te_t).float().mean().item()
 
     barrier("start")
-    tx0, t0 = loopback_tx_bytes(), time.perf_counter()
+    tx0, t0 = common.loopback_tx_bytes(), time.perf_counter()
     steps = 0
     gen = torch.Generator().manual_seed(args.seed + 1000 * rank)
     for epoch in range(1, args.epochs + 1):
@@ -179,24 +111,10 @@ def main(argv=None):
               f"train acc {correct / seen:.4f}  test acc {acc:.4f}", flush=True)
     barrier("end")
     seconds = time.perf_counter() - t0
-    tx1 = loopback_tx_bytes()
-    acc = evaluate()
-    digest = param_digest(model)
-    print(f"final test accuracy: {acc:.4f}  ({steps} steps, {seconds:.1f}s)  "
-          f"parameter digest {digest}", flush=True)
-    if rank == 0 and args.stats_json:
-        wire = (tx1 - tx0) if tx0 is not None and tx1 is not None else None
-        stats = {"compressor": os.environ.get("BYTEPS_COMPRESSOR", "none")
-                 if args.compressor == "env" else args.compressor,
-                 "workers": size, "accuracy": acc, "steps": steps, "seconds": seconds,
-                 "loopback_tx_bytes": wire,
-                 "bytes_per_step": (wire / steps) if wire is not None and steps else None,
-                 "param_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
-                 "digest": digest}
-        with open(args.stats_json, "w") as f:
-            json.dump(stats, f, indent=1)
-    bps.shutdown()
-    return 0
+    result = dict(common.wire_stats(tx0, common.loopback_tx_bytes(), steps),
+                  accuracy=evaluate(), steps=steps, seconds=seconds, digest=param_digest(model),
+                  param_bytes=sum(p.numel() * p.element_size() for p in model.parameters()))
+    return common.finish(bps, args, result)
 
 
 if __name__ == "__main__":

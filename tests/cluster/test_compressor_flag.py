@@ -17,12 +17,12 @@ import importlib.util
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 
 import pytest
 
+import test_launch_local as launch_local
 from test_launch_local import ROOT, pytestmark  # noqa: F401
 
 SCRIPTS = os.path.join(ROOT, "tests", "cluster", "scripts")
@@ -65,32 +65,22 @@ class Run:
         self.in_force = [line for line in rank0 if "byteps-thc: compressor " in line]
 
 
-def bpslaunch(script_argv, compressor=None, env=None, timeout=600):
+def bpslaunch(script_argv, compressor=None, timeout=600):
     """One `bpslaunch --local 2` cluster (in a private network namespace when possible); its
     launcher's and processes' output together, and the namespace's loopback bytes sent."""
-    e = {k: v for k, v in os.environ.items()
-         if not k.startswith(("BYTEPS_COMPRESSOR", "BYTEPS_THC_", "BYTEPS_MIN_COMPRESS"))}
-    e["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, e.get("PYTHONPATH")]))
-    e.update(env or {})
-    launch = [sys.executable, "-m", "byteps_thc.launch", "--local", "2", "--timeout",
-              str(timeout - 60)]
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("BYTEPS_COMPRESSOR", "BYTEPS_THC_", "BYTEPS_MIN_COMPRESS"))}
+    args = ["--local", "2", "--timeout", str(timeout - 60)]
     if compressor:
-        launch += ["--compressor", compressor]
-    launch += ["--", sys.executable] + list(script_argv)
+        args += ["--compressor", compressor]
+    args += ["--", sys.executable] + list(script_argv)
     # in the namespace: bring lo up, run, then print lo's transmitted bytes (everything sent)
     shell = ('ip link set lo up && "$@"; rc=$?; '
              'awk \'$1 == "lo:" {print "LO_TX " $10}\' /proc/net/dev; exit $rc')
-    argv = (NETNS + ["sh", "-c", shell, "netns"] + launch) if NETNS else launch
-    p = subprocess.Popen(argv, cwd=ROOT, env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                         text=True, start_new_session=True)
-    try:
-        out, _ = p.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)
-        out, _ = p.communicate()
-        raise AssertionError(f"the cluster ran past {timeout} s\n{out[-4000:]}")
-    run = Run(p.returncode, out)
-    assert run.code == 0, out[-4000:]
+    prefix = (NETNS + ["sh", "-c", shell, "netns"]) if NETNS else ()
+    code, out, err, _ = launch_local.bpslaunch(args, timeout=timeout, env=env, prefix=prefix)
+    run = Run(code, out + err)
+    assert run.code == 0, (out + err)[-4000:]
     return run
 
 
@@ -116,14 +106,6 @@ def test_compression_none_in_the_script_takes_the_launchers_thc(torch_runs):
     assert len(thc.thc_keys) == BIG, thc.output[-3000:]
     assert plain.thc_keys == set()
     assert "final loss" in thc.output
-
-
-@needs_netns
-def test_thc_from_the_flag_puts_at_most_0_3x_the_bytes_on_the_wire(torch_runs):
-    thc, plain = torch_runs["thc"].lo_bytes, torch_runs["plain"].lo_bytes
-    assert thc and plain
-    print(f"wire bytes (whole run): THC {thc}, none {plain}: {thc / plain:.3f}x")  # -rP shows it
-    assert thc <= 0.3 * plain, f"THC {thc} bytes, none {plain} bytes: {thc / plain:.3f}x"
 
 
 def test_the_in_force_line_once_with_settings_source_and_counts(torch_runs):
@@ -201,10 +183,16 @@ def test_tf_compression_none_takes_the_launchers_thc(tf_runs, api):
     assert tf_runs["tape-plain"].thc_keys == set()
 
 
-@needs_tf
+# ------------------------------------------------------------------------------------------------
+# Both: the bytes on the wire
+# ------------------------------------------------------------------------------------------------
 @needs_netns
-def test_tf_thc_from_the_flag_puts_at_most_0_3x_the_bytes_on_the_wire(tf_runs):
-    thc, plain = tf_runs["tape-thc"].lo_bytes, tf_runs["tape-plain"].lo_bytes
+@pytest.mark.parametrize("runs, thc, plain", [
+    pytest.param("torch_runs", "thc", "plain", id="torch"),
+    pytest.param("tf_runs", "tape-thc", "tape-plain", marks=needs_tf, id="tf")])
+def test_thc_from_the_flag_puts_at_most_0_3x_the_bytes_on_the_wire(request, runs, thc, plain):
+    runs = request.getfixturevalue(runs)
+    thc, plain = runs[thc].lo_bytes, runs[plain].lo_bytes
     assert thc and plain
     print(f"wire bytes (whole run): THC {thc}, none {plain}: {thc / plain:.3f}x")  # -rP shows it
     assert thc <= 0.3 * plain, f"THC {thc} bytes, none {plain} bytes: {thc / plain:.3f}x"

@@ -21,16 +21,17 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 pytestmark = pytest.mark.needs_fork
 
 
-def bpslaunch(args, timeout=240, env=None, cwd=ROOT):
-    """Run our launcher; returns (exit code, stdout, stderr, seconds). Past `timeout` seconds it
-    gets SIGTERM (it stops its cluster), then its group SIGKILL, and the test fails."""
+def bpslaunch(args, timeout=240, env=None, cwd=ROOT, prefix=()):
+    """Run our launcher (behind the command `prefix`, if any); returns (exit code, stdout, stderr,
+    seconds). Past `timeout` seconds it gets SIGTERM (it stops its cluster), then its group
+    SIGKILL, and the test fails."""
     e = dict(os.environ if env is None else env)
     e["PYTHONPATH"] = os.pathsep.join([ROOT] + [p for p in e.get("PYTHONPATH", "").split(os.pathsep) if p])
     e.pop("BYTEPS_COMPRESSOR", None)
     t0 = time.monotonic()
-    p = subprocess.Popen([sys.executable, "-m", "byteps_thc.launch"] + list(args), cwd=cwd, env=e,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         start_new_session=True)
+    p = subprocess.Popen(list(prefix) + [sys.executable, "-m", "byteps_thc.launch"] + list(args),
+                         cwd=cwd, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, start_new_session=True)
     try:
         out, err = p.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:

@@ -4,30 +4,21 @@ examples are: `bps.DistributedGradientTape` in a custom loop (--api tape) or
 explicitly (or `.fp16` with --fp16-pushpull). It knows nothing of byteps-thc;
 tests/cluster/test_compressor_flag.py runs it under `bpslaunch --compressor ...`.
 """
-import argparse
 import os
 import timeit
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
-import keras  # noqa: E402
-import tensorflow as tf  # noqa: E402
+import keras
+import synthetic  # tests/cluster/scripts/synthetic.py
+import tensorflow as tf
 
-import byteps.tensorflow as bps  # noqa: E402
+import byteps.tensorflow as bps
 
-parser = argparse.ArgumentParser(description="TensorFlow synthetic benchmark",
-                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+parser = synthetic.parser("TensorFlow synthetic benchmark")
 parser.add_argument("--api", choices=("tape", "fit"), default="tape",
                     help="DistributedGradientTape in a tf.function, or DistributedOptimizer + fit")
-parser.add_argument("--fp16-pushpull", action="store_true", default=False,
-                    help="use fp16 compression during push_pull")
-parser.add_argument("--batch-size", type=int, default=16, help="input batch size")
-parser.add_argument("--input-size", type=int, default=1024, help="features per sample")
-parser.add_argument("--hidden", type=int, default=512, help="width of the hidden layers")
-parser.add_argument("--num-warmup-batches", type=int, default=2)
-parser.add_argument("--num-batches-per-iter", type=int, default=5)
-parser.add_argument("--num-iters", type=int, default=3)
 args = parser.parse_args()
 
 bps.init()
@@ -42,11 +33,7 @@ data = tf.random.normal((args.batch_size, args.input_size), seed=1)
 target = tf.random.uniform((args.batch_size,), 0, 10, dtype=tf.int64, seed=2)
 
 
-def log(s):
-    if bps.rank() == 0:
-        print(s, flush=True)
-
-
+log = synthetic.rank0_log(bps)
 log(f"Model: MLP {args.input_size}-{args.hidden}-{args.hidden}-10, batch size {args.batch_size}, "
     f"{bps.size()} workers, API {args.api}")
 steps = args.num_warmup_batches + args.num_batches_per_iter * args.num_iters

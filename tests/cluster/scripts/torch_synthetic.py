@@ -4,25 +4,16 @@ It knows nothing of byteps-thc: it passes `compression=bps.Compression.none` exp
 `.fp16` with --fp16-pushpull), as upstream's scripts do, and leaves everything else to the
 launcher. tests/cluster/test_compressor_flag.py runs it under `bpslaunch --compressor ...`.
 """
-import argparse
 import timeit
 
+import synthetic  # tests/cluster/scripts/synthetic.py
 import torch
 import torch.nn.functional as F
 import torch.optim as optim
 
 import byteps.torch as bps
 
-parser = argparse.ArgumentParser(description="PyTorch synthetic benchmark",
-                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-parser.add_argument("--fp16-pushpull", action="store_true", default=False,
-                    help="use fp16 compression during push_pull")
-parser.add_argument("--batch-size", type=int, default=16, help="input batch size")
-parser.add_argument("--input-size", type=int, default=1024, help="features per sample")
-parser.add_argument("--hidden", type=int, default=512, help="width of the hidden layers")
-parser.add_argument("--num-warmup-batches", type=int, default=2)
-parser.add_argument("--num-batches-per-iter", type=int, default=5)
-parser.add_argument("--num-iters", type=int, default=3)
+parser = synthetic.parser("PyTorch synthetic benchmark")
 parser.add_argument("--no-cuda", action="store_true", default=False, help="disables CUDA training")
 args = parser.parse_args()
 args.cuda = not args.no_cuda and torch.cuda.is_available()
@@ -60,11 +51,7 @@ def benchmark_step():
     return loss
 
 
-def log(s):
-    if bps.rank() == 0:
-        print(s, flush=True)
-
-
+log = synthetic.rank0_log(bps)
 log(f"Model: MLP {args.input_size}-{args.hidden}-{args.hidden}-10, batch size {args.batch_size}, "
     f"{bps.size()} workers")
 log("Running warmup...")
