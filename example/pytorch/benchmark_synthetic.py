@@ -18,8 +18,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import common  # example/common.py
+# example/shared/ (not example/ itself, whose pytorch/, tensorflow/ and mxnet/ folders would pass
+# for namespace packages of those names)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "shared"))
+import example_common as common
 
 
 # ------------------------------------------------------------------------------------------------

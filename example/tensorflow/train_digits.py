@@ -29,9 +29,12 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import common  # example/common.py
-from common import load_digits_split  # tests/cluster/test_tf_train.py calls it here
+# example/shared/ (not example/ itself, whose pytorch/, tensorflow/ and mxnet/ folders would pass
+# for namespace packages of those names)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "shared"))
+import example_common as common
+from example_common import load_digits_split  # tests/cluster/test_tf_train.py calls it here
 
 MODES = ("eager", "function", "fit")
 

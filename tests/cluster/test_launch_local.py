@@ -26,7 +26,8 @@ def bpslaunch(args, timeout=240, env=None, cwd=ROOT, prefix=()):
     seconds). Past `timeout` seconds it gets SIGTERM (it stops its cluster), then its group
     SIGKILL, and the test fails."""
     e = dict(os.environ if env is None else env)
-    e["PYTHONPATH"] = os.pathsep.join([ROOT] + [p for p in e.get("PYTHONPATH", "").split(os.pathsep) if p])
+    paths = [p for p in e.get("PYTHONPATH", "").split(os.pathsep) if p]
+    e["PYTHONPATH"] = os.pathsep.join([ROOT] + paths)
     e.pop("BYTEPS_COMPRESSOR", None)
     t0 = time.monotonic()
     p = subprocess.Popen(list(prefix) + [sys.executable, "-m", "byteps_thc.launch"] + list(args),
@@ -114,7 +115,8 @@ def test_push_pull_sums_across_two_workers(tmp_path):
             assert torch.allclose(avg, torch.full((n,), 1.5)), avg[:4]
         print("push_pull ok", rank, size, flush=True)
     """)
-    code, out, err, took = bpslaunch(["--local", "2", "--timeout", "180", "--", sys.executable, script])
+    code, out, err, took = bpslaunch(["--local", "2", "--timeout", "180", "--",
+                                      sys.executable, script])
     assert code == 0, out + err
     assert "[worker 0] push_pull ok 0 2" in out and "[worker 1] push_pull ok 1 2" in out
     port = scheduler_port(err)
@@ -131,7 +133,8 @@ def test_worker_exiting_early_ends_the_cluster_in_seconds(tmp_path):
         for i in range(100000):
             bps.push_pull(t, name="again")
     """)
-    code, out, err, took = bpslaunch(["--local", "2", "--timeout", "200", "--", sys.executable, script])
+    code, out, err, took = bpslaunch(["--local", "2", "--timeout", "200", "--",
+                                      sys.executable, script])
     ended = time.time()
     assert code == 3, out + err
     assert "worker 1" in err and "exited with code 3" in err, err
