@@ -33,8 +33,11 @@ if [ "$force" = 0 ] && "$DOCKER" image inspect "$IMAGE" > /dev/null 2>&1; then
 fi
 
 [ "$(id -u)" = 0 ] || _ddie "no base image $IMAGE, and making one with debootstrap needs root"
-command -v debootstrap > /dev/null || docker_apt_install debootstrap
-command -v debootstrap > /dev/null || _ddie "no base image $IMAGE and no debootstrap to make one"
+if ! command -v debootstrap > /dev/null; then
+  command -v apt-get > /dev/null || _ddie "no base image $IMAGE and no debootstrap to make one: \
+install debootstrap, or give BASE=<an image this engine has or can pull>"
+  docker_apt_install debootstrap
+fi
 
 # The Debian mirror of the host's apt sources: one-line (deb URI SUITE ...) or deb822 (URIs: /
 # Suites:) entries whose suite is exactly $SUITE. None (not a Debian host): debootstrap's default.
