@@ -92,3 +92,16 @@ mxnet-env:
 
 test-mxnet: $(VENV) mxnet-env
 	BYTEPS_THC_TEST_MXNET=1 $(PY) -m pytest -q -rs tests/cluster/test_mxnet_train.py
+
+# Docker (docs/DOCKER.md): the image byteps-thc:cpu, and a cluster of its containers. Both start
+# dockerd when none runs (and stop it again), and make the Debian base with debootstrap when no
+# registry can be reached. image-gpu: byteps-thc:gpu, where BASE/RUNTIME_BASE (CUDA) can be pulled.
+.PHONY: image image-gpu test-docker
+image:
+	@scripts/docker_image.sh
+
+image-gpu:
+	@scripts/docker_image.sh --gpu
+
+test-docker:
+	@scripts/test_docker.sh

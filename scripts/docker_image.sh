@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# Build the byteps-thc image from the Dockerfile (make image).
+#
+#   scripts/docker_image.sh          byteps-thc:cpu   CPU workers, offline pip (docker/wheels/)
+#   scripts/docker_image.sh --gpu    byteps-thc:gpu   CUDA worker: BASE/RUNTIME_BASE must name CUDA
+#                                                     devel/runtime images this machine can pull
+# Environment:
+#   BASE            the builder's base (default debian:bookworm-slim; when it can be neither found
+#                   nor pulled: local/debian:bookworm-slim, made by scripts/docker_base.sh)
+#   RUNTIME_BASE    the final stage's base (default BASE)
+#   IMAGE           the tag (default byteps-thc:cpu / byteps-thc:gpu)
+#   OFFLINE=1|0     pip inside the build reads only docker/wheels/, filled here with this machine's
+#                   pip configuration (default 1 for the CPU image, 0 for --gpu: its torch is the
+#                   index's CUDA build, and its Python is the base's)
+#   BYTEPS_BUILD_JOBS, THC_CUDA_ARCHS   passed on to the build
+# Starts dockerd when none runs and stops it at the end (docker/engine.sh). Layers are cached in
+# the engine's data root: a rebuild redoes only the steps whose inputs changed.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+# shellcheck source=../docker/engine.sh
+. docker/engine.sh
+
+gpu=0
+if [ "${1:-}" = "--gpu" ]; then gpu=1; shift; fi
+[ $# = 0 ] || _ddie "usage: scripts/docker_image.sh [--gpu]"
+# the sdist scripts/build_byteps.sh pins (in the image it finds it in docker/wheels/ and checks
+# its sha256); make byteps has downloaded it into .cache/ when it ran here
+SDIST="byteps==0.2.5.post15" SDIST_FILE=byteps-0.2.5.post15.tar.gz
+if [ "$gpu" = 1 ]; then
+  [ -n "${BASE:-}" ] || _ddie "--gpu needs BASE=<a CUDA devel image> (and RUNTIME_BASE=<its runtime \
+image>), e.g. BASE=nvidia/cuda:13.0.1-devel-ubuntu24.04: see docs/DOCKER.md"
+  IMAGE="${IMAGE:-byteps-thc:gpu}" OFFLINE="${OFFLINE:-0}"
+  args=(--build-arg BYTEPS_THC_CPU_ONLY=0 --build-arg BYTEPS_THC_TENSORFLOW=0)
+else
+  IMAGE="${IMAGE:-byteps-thc:cpu}" OFFLINE="${OFFLINE:-1}"
+  args=(--build-arg BYTEPS_THC_CPU_ONLY=1)
+fi
+
+docker_engine_up
+trap docker_engine_down EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+t_start=$(date +%s)
+
+# ---- the base ---------------------------------------------------------------------------------
+have() { "$DOCKER" image inspect "$1" > /dev/null 2>&1; }
+pull() { _dlog "pulling $1"; timeout 600 "$DOCKER" pull -q "$1" > /dev/null 2>&1; }
+if [ -n "${BASE:-}" ]; then
+  have "$BASE" || pull "$BASE" || _ddie "no image $BASE here, and it cannot be pulled"
+  if [ -n "${RUNTIME_BASE:-}" ]; then
+    have "$RUNTIME_BASE" || pull "$RUNTIME_BASE" ||
+      _ddie "no image $RUNTIME_BASE here, and it cannot be pulled"
+  fi
+else
+  BASE=debian:bookworm-slim
+  if ! have "$BASE" && ! pull "$BASE"; then
+    _dlog "$BASE cannot be pulled (no registry): using the local Debian base"
+    BASE="$(scripts/docker_base.sh local/debian:bookworm-slim)"
+  fi
+fi
+args+=(--build-arg "BASE=$BASE" --build-arg "RUNTIME_BASE=${RUNTIME_BASE:-$BASE}")
+
+# ---- pip: the wheelhouse (offline) or the index -----------------------------------------------
+hostpip() {  # this machine's pip, with this machine's configuration (index, find-links, CA)
+  if [ -x .venv/bin/python ]; then .venv/bin/python -m pip "$@"; else python3 -m pip "$@"; fi
+}
+if [ "$OFFLINE" = 1 ]; then
+  # Keyed on requirements.txt and the sdist: refilled only when they change. The image's Python
+  # must be the one these wheels are for (bookworm's 3.11 here): pip in the build refuses others.
+  key="$(cat requirements.txt; echo "$SDIST"; hostpip --version)"
+  key="$(sha256sum <<< "$key" | cut -c1-16)"
+  if [ "$(cat docker/wheels/.key 2> /dev/null)" != "$key" ]; then
+    t0=$(date +%s)
+    _dlog "filling docker/wheels/ from this machine's pip configuration (requirements.txt + $SDIST)"
+    find docker/wheels -mindepth 1 ! -name .gitignore -delete
+    hostpip download -q --disable-pip-version-check -r requirements.txt -d docker/wheels \
+        > /tmp/byteps-thc-wheels.log 2>&1 &&
+      { cp "$ROOT/.cache/byteps/dist/$SDIST_FILE" docker/wheels/ 2> /dev/null ||  # make byteps's
+        hostpip download -q --disable-pip-version-check --no-deps --no-binary :all: "$SDIST" \
+          -d docker/wheels >> /tmp/byteps-thc-wheels.log 2>&1; } ||
+      { grep -v '^WARNING: Location' /tmp/byteps-thc-wheels.log | tail -n 20 >&2
+        _ddie "pip download failed (log: /tmp/byteps-thc-wheels.log)"; }
+    echo "$key" > docker/wheels/.key
+    _dlog "docker/wheels/: $(du -sh docker/wheels | cut -f1) in $(( $(date +%s) - t0 )) s"
+  fi
+else
+  # the index this machine's pip uses, if it names one (never written into the repository)
+  index="${PIP_INDEX_URL:-$(hostpip config get global.index-url 2> /dev/null || true)}"
+  [ -z "$index" ] || args+=(--build-arg "PIP_INDEX_URL=$index")
+fi
+args+=(--build-arg "OFFLINE=$OFFLINE")
+# The CA bundle pip trusts here, for pip inside the build (a BuildKit secret: never in a layer).
+ca="${PIP_CERT:-$(hostpip config get global.cert 2> /dev/null || true)}"
+if [ "$OFFLINE" = 0 ] && [ -n "$ca" ] && [ -f "$ca" ]; then args+=(--secret "id=hostca,src=$ca"); fi
+[ -z "${BYTEPS_BUILD_JOBS:-}" ] || args+=(--build-arg "BYTEPS_BUILD_JOBS=$BYTEPS_BUILD_JOBS")
+[ -z "${THC_CUDA_ARCHS:-}" ] || args+=(--build-arg "THC_CUDA_ARCHS=$THC_CUDA_ARCHS")
+
+# ---- build ------------------------------------------------------------------------------------
+t0=$(date +%s)
+[ "$OFFLINE" = 1 ] && how="docker/wheels/ only" || how="the index"
+_dlog "building $IMAGE (base $BASE; pip from $how; log /tmp/byteps-thc-image.log)"
+set +e
+"$DOCKER" build --progress=plain "${args[@]}" -t "$IMAGE" . > /tmp/byteps-thc-image.log 2>&1 &
+pid=$!
+# one line a finished step (its time, or CACHED) and the fork build's progress, not every line
+tail -n +1 -f /tmp/byteps-thc-image.log --pid=$pid 2> /dev/null | awk '
+  match($0, /^#[0-9]+ \[/) { id = $1; if (!(id in step)) step[id] = substr($0, length(id) + 2, 100); next }
+  $2 == "DONE" && (($1) in step) { printf "[docker build] %s  %s\n", $3, step[$1]; fflush(); next }
+  $2 == "CACHED" && (($1) in step) { printf "[docker build] CACHED %s\n", step[$1]; fflush(); next }
+  $2 == "ERROR" { print "[docker build] " $0; fflush(); next }
+  /\[build_byteps\] (building|installed|up to date)/ { sub(/^#[0-9]+ [0-9.]+ /, ""); print "[docker build] " $0; fflush() }' >&2
+wait $pid; rc=$?
+set -e
+if [ $rc -ne 0 ]; then
+  grep -v '^WARNING: Location' /tmp/byteps-thc-image.log | tail -n 40 >&2
+  _ddie "docker build failed (exit $rc; log: /tmp/byteps-thc-image.log)"
+fi
+size="$("$DOCKER" image inspect -f '{{.Size}}' "$IMAGE")"
+_dlog "built $IMAGE in $(( $(date +%s) - t0 )) s ($(( size / 1000000 )) MB); $(( $(date +%s) - t_start )) s in all"
