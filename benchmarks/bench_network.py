@@ -57,7 +57,7 @@ from benchmarks.netem import CleanupOnSignal, EmulatedNetwork, available, cleanu
 from byteps_thc.advisor import host, models, predict, replay, wire  # noqa: E402
 from byteps_thc.advisor.costs import load_costs  # noqa: E402
 from byteps_thc.advisor.wire import launcher_flags  # noqa: E402
-from byteps_thc.launch import server_argv  # noqa: E402
+from byteps_thc.launch import fork_missing, server_argv  # noqa: E402
 from byteps_thc.launch.supervisor import ProcSpec, Supervisor, cpu_seconds, describe_exit  # noqa: E402
 
 DIGITS = os.path.join(ROOT, "example", "pytorch", "train_digits.py")
@@ -519,20 +519,7 @@ def report(records: List[dict], a: argparse.Namespace) -> None:
 # ------------------------------------------------------------------------------------------------
 def preflight() -> Optional[str]:
     """None when a benchmark can run here, else why not."""
-    err = available()
-    if err:
-        return err
-    import importlib.util
-    spec = importlib.util.find_spec("byteps")     # found, not imported: byteps.server would serve
-    if spec is None or not spec.submodule_search_locations:
-        return "the BytePS fork is not installed (make byteps)"
-    pkg = list(spec.submodule_search_locations)[0]
-    for sub in ("server", "torch"):
-        d = os.path.join(pkg, sub)
-        if not (os.path.isdir(d) and any(f.startswith("c_lib") and f.endswith(".so")
-                                         for f in os.listdir(d))):
-            return f"the BytePS fork's {sub} library is missing (make byteps)"
-    return None
+    return available() or fork_missing()
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -36,6 +36,7 @@ import time
 from typing import Dict, List, Optional, Sequence
 
 from ..env import THREADPOOL_SIZE, threadpool_size
+from ..launch.role import fork_missing
 from ..launch.supervisor import ProcSpec, Supervisor, process_table
 from . import replay
 from .costs import HostCosts, host_key, load_costs, measure_elem_costs, partition_cpu
@@ -327,13 +328,9 @@ def derive(big: StackCost, small: StackCost, runs: Sequence[StackCost], micro,
 
 def available() -> Optional[str]:
     """None when a calibration cluster can run here, else why not."""
-    for mod in ("torch", "byteps.server", "byteps.torch"):   # found, not imported (it serves)
-        try:
-            if importlib.util.find_spec(mod) is None:
-                return f"{mod} is not installed" + (" (make byteps)" if "." in mod else "")
-        except ImportError as e:
-            return f"{mod}: {e}"
-    return None
+    if importlib.util.find_spec("torch") is None:
+        return "torch is not installed"
+    return fork_missing()
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -27,12 +27,12 @@ from typing import Optional, Sequence
 
 from .cli import COMPRESSORS, build_parser, compression_env, parse_args, thc_config
 from .local import SHM_PREFIX, free_ports, local_cluster_specs, run_local, shm_prefixes
-from .role import role_specs, run_role, server_argv, with_package_path
+from .role import fork_missing, role_specs, run_role, server_argv, with_package_path
 from .supervisor import Outcome, ProcSpec, Supervisor
 
 __all__ = ["main", "COMPRESSORS", "build_parser", "compression_env", "parse_args", "thc_config",
            "SHM_PREFIX", "free_ports", "local_cluster_specs", "run_local", "shm_prefixes",
-           "role_specs", "run_role", "server_argv", "with_package_path",
+           "fork_missing", "role_specs", "run_role", "server_argv", "with_package_path",
            "Outcome", "ProcSpec", "Supervisor"]
 
 

@@ -6,6 +6,7 @@ server loop. Several local workers are supervised together (one fails: all stop)
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import shutil
 import sys
@@ -29,6 +30,21 @@ def with_package_path(environ: Dict[str, str]) -> Dict[str, str]:
 def server_argv(python: Optional[str] = None) -> List[str]:
     """BytePS's server and scheduler loop (the same module serves both roles)."""
     return [python or sys.executable, "-c", "import byteps.server"]
+
+
+def fork_missing(parts: Sequence[str] = ("server", "torch")) -> Optional[str]:
+    """None when the BytePS fork's compiled `parts` are installed for this interpreter, else
+    why not. The package is found, not imported: importing byteps.server starts a server."""
+    spec = importlib.util.find_spec("byteps")
+    if spec is None or not spec.submodule_search_locations:
+        return "the BytePS fork is not installed (make byteps)"
+    pkg = list(spec.submodule_search_locations)[0]
+    for sub in parts:
+        d = os.path.join(pkg, sub)
+        if not (os.path.isdir(d) and any(f.startswith("c_lib") and f.endswith(".so")
+                                         for f in os.listdir(d))):
+            return f"the BytePS fork's {sub} library is missing (make byteps)"
+    return None
 
 
 def _cpu_allocation(local_size: int, environ: Mapping[str, str]) -> Optional[List[str]]:

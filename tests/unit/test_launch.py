@@ -520,3 +520,10 @@ def test_main_local_failing_worker(tmp_path, monkeypatch, capfd):
                         "time.sleep(60)"])
     assert code == 5
     assert "worker 1" in capfd.readouterr().err
+
+
+@pytest.mark.needs_fork
+def test_fork_missing_finds_the_installed_fork_and_names_a_missing_part():
+    assert launch.fork_missing() is None  # tests/conftest.py's own probe found the fork
+    assert launch.fork_missing(("nonexistent",)) == (
+        "the BytePS fork's nonexistent library is missing (make byteps)")
