@@ -31,7 +31,7 @@ $(VENV): requirements.txt
 	@touch $@
 
 ext: $(EXT)
-$(EXT): $(VENV) setup.py $(shell find csrc/thc csrc/python -type f 2>/dev/null)
+$(EXT): $(VENV) setup.py $(shell find csrc/thc csrc/lhc csrc/python -type f 2>/dev/null)
 	$(PY) setup.py -q build_ext --inplace
 	@touch $@
 

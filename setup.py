@@ -1,6 +1,7 @@
 """Build of byteps_thc: the Python package and its extension byteps_thc._C.
 
-The extension holds the codec core (csrc/thc, plain C++17) and its thin binding (csrc/python).
+The extension holds the codec cores (csrc/thc and csrc/lhc, plain C++17) and their thin binding
+(csrc/python).
 SIMD kernels are compiled per file with their own -m flags and chosen at run time; nothing is built
 with -march=native. When nvcc is found, the CUDA twins (csrc/thc/cuda) are compiled and linked too
 (THC_WITH_CUDA=1); THC_CUDA=0 in the environment skips them, THC_CUDA=1 requires them.
@@ -17,6 +18,7 @@ from setuptools.command.build_ext import build_ext
 
 ROOT = Path(__file__).resolve().parent
 CORE = ROOT / "csrc" / "thc"
+CORES = (CORE, ROOT / "csrc" / "lhc")  # THC's codec core and LHC's
 
 # Flags every file gets. -ffp-contract=off: the kernels must not fuse a*b+c (docs/ALGORITHM.md).
 COMMON = ["-std=c++17", "-O3", "-fPIC", "-ffp-contract=off", "-fno-math-errno",
@@ -36,12 +38,12 @@ def is_x86():
 
 def core_sources():
     srcs = []
-    for p in sorted(CORE.glob("*.cc")):
+    for p in sorted(q for core in CORES for q in core.glob("*.cc")):
         isa = p.stem.rsplit("_", 1)[-1]
         if isa in ISA_FLAGS and not is_x86():
             continue
         srcs.append(str(p.relative_to(ROOT)))
-    return srcs + ["csrc/python/binding.cc"]
+    return srcs + ["csrc/python/binding.cc", "csrc/python/binding_lhc.cc"]
 
 
 def find_nvcc():

@@ -21,9 +21,14 @@
 #include <sstream>
 #include <string>
 
+#include "lhc/lhc.h"
 #include "thc/thc.h"
 
 namespace py = pybind11;
+
+namespace thc_python {
+void RegisterLhc(py::module_& m);  // csrc/python/binding_lhc.cc: the LHC core's functions
+}  // namespace thc_python
 
 #ifdef THC_WITH_CUDA
 namespace thc_python {
@@ -380,9 +385,12 @@ PYBIND11_MODULE(_C, m) {
       [](const std::string& name) {
         if (name != "portable" && name != "avx2" && name != "avx512")
           Fail("unknown ISA '" + name + "'; expected portable, avx2 or avx512");
-        return thc::ForceIsa(name);
+        const bool ok = thc::ForceIsa(name);
+        if (ok) lhc::ForceIsa(name);  // one cap for both cores (LHC needs less than THC)
+        return ok;
       },
-      py::arg("name"), "Caps the instruction set; False if this CPU lacks it.");
+      py::arg("name"), "Caps the instruction set (THC's and LHC's); False if this CPU lacks it.");
+  thc_python::RegisterLhc(m);
 
 #ifdef THC_WITH_CUDA
   thc_python::RegisterCuda(m);

@@ -1,14 +1,25 @@
 """The public LHC API (LhcConfig, LhcCodec, LhcAggregator, LhcDecodeError): shape, errors, state.
 
-Runs on whichever backend byteps_thc.lhc_codec has (the C++ core when _C is built, else the
-reference); test_lhc_kernels.py holds the core to the reference bit for bit.
+Every test runs on both backends of byteps_thc.lhc_codec: the C++ core (when _C is built with
+it) and the NumPy reference it falls back to; test_lhc_kernels.py holds the core to the
+reference bit for bit.
 """
 import numpy as np
 import pytest
 
-from byteps_thc import LhcAggregator, LhcCodec, LhcConfig, LhcDecodeError
+from byteps_thc import LhcAggregator, LhcCodec, LhcConfig, LhcDecodeError, lhc_codec
 from byteps_thc import lhc_reference as R
 from byteps_thc.lhc_config import PEELING_THRESHOLD, buckets_for
+
+BACKENDS = ["reference"] + (["core"] if lhc_codec.backend() == "core" else [])
+
+
+@pytest.fixture(autouse=True, params=BACKENDS)
+def backend(request, monkeypatch):
+    if request.param == "reference":
+        monkeypatch.setattr(lhc_codec, "_CORE", None)
+    assert lhc_codec.backend() == request.param
+    return request.param
 
 
 def sparse(d, nnz, seed, scale=1.0):
