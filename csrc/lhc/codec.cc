@@ -162,7 +162,7 @@ struct Encoder::Impl {
   uint64_t step = 0;
   std::vector<float> residual;  // d floats when ef
   std::vector<float> a;         // x + residual, scratch
-  std::vector<uint32_t> mags, idx, qidx, q, bk;
+  std::vector<uint32_t> hist, idx, qidx, q, bk;
   std::vector<uint8_t> neg;
   std::vector<uint64_t> words;
 };
@@ -210,6 +210,36 @@ Status Prepare(const float* x, const std::vector<float>& res, bool ef, size_t d,
 }
 }  // namespace
 
+namespace {
+// The k-th largest magnitude (float bits without the sign) of a[0, d), 1 <= k <= d, and in
+// *above how many are larger: a radix select on the top then the low 16 bits (two passes).
+uint32_t KthLargest(const float* a, size_t d, uint64_t k, std::vector<uint32_t>* hist,
+                    uint64_t* above) {
+  hist->assign(1u << 16, 0);
+  uint32_t* h = hist->data();
+  for (size_t i = 0; i < d; ++i) ++h[(Bits(a[i]) & kAbs) >> 16];
+  uint64_t cum = 0;
+  uint32_t hi = 0xFFFF;
+  for (;; --hi) {  // the bin holding the k-th largest: cum (larger bins) < k <= cum + h[hi]
+    if (cum + h[hi] >= k) break;
+    cum += h[hi];
+  }
+  hist->assign(1u << 16, 0);
+  h = hist->data();
+  for (size_t i = 0; i < d; ++i) {
+    const uint32_t mag = Bits(a[i]) & kAbs;
+    if ((mag >> 16) == hi) ++h[mag & 0xFFFF];
+  }
+  uint32_t lo = 0xFFFF;
+  for (;; --lo) {
+    if (cum + h[lo] >= k) break;
+    cum += h[lo];
+  }
+  *above = cum;
+  return (hi << 16) | lo;
+}
+}  // namespace
+
 Status Encoder::MaxAbs(const float* x, double* max_abs, std::string* error) {
   Impl& s = *impl_;
   const float* a = nullptr;
@@ -248,12 +278,8 @@ Status Encoder::Encode(const float* x, double max_abs, uint32_t n, uint8_t* payl
   if (s.topk > 0 && !s.sampled) {
     const uint64_t k = KeepCount(s.topk, d);
     if (nnz > k) {
-      s.mags.resize(d);
-      for (size_t i = 0; i < d; ++i) s.mags[i] = Bits(a[i]) & kAbs;
-      std::nth_element(s.mags.begin(), s.mags.begin() + (ptrdiff_t)(d - k), s.mags.end());
-      tau = s.mags[d - k];  // the k-th largest magnitude, > 0 since nnz > k
       uint64_t above = 0;
-      for (size_t i = 0; i < d; ++i) above += (Bits(a[i]) & kAbs) > tau;
+      tau = KthLargest(a, d, k, &s.hist, &above);  // > 0 since nnz > k
       ties = k - above;
       rule = kExact;
     }
@@ -451,44 +477,53 @@ Status Decode(const Geometry& geo, uint64_t pseed, const uint8_t* sums, size_t b
   res->union_size = nu;
   res->rounds = 0;
   res->unresolved.clear();
-  std::vector<uint32_t> y(m), b(3 * nu), cnt(m, 0), xr(m, 0), x(nu, 0);
-  std::vector<uint8_t> neg(nu), alive(nu, 1), in_p(nu, 0);
-  std::memcpy(y.data(), sums + kHeaderBytes + geo.bitmap_bytes, 4 * m);
+  // Per bucket, in one cache line's worth: the sketch value, C[b] and the XOR of the positions
+  // in U of its members (when C[b] == 1 that XOR is the one remaining member). Neither C nor the
+  // XOR is sent; both follow from the bitmap.
+  struct Cell {
+    uint32_t y, cnt, xr;
+  };
+  std::vector<Cell> c(m);
+  std::vector<uint32_t> b(3 * nu), x(nu, 0);
+  std::vector<uint8_t> neg(nu), alive(nu, 1);
+  for (size_t k = 0; k < m; ++k) {
+    std::memcpy(&c[k].y, sums + kHeaderBytes + geo.bitmap_bytes + 4 * k, 4);
+    c[k].cnt = c[k].xr = 0;
+  }
   Buckets(pseed, u.data(), nu, (uint32_t)geo.sub, b.data(), neg.data());
-  // C[b] and the XOR of the positions in U of each bucket's members: when C[b] == 1 that XOR is
-  // the one remaining member. Neither is sent; both follow from the bitmap.
   for (size_t t = 0; t < nu; ++t)
     for (int j = 0; j < 3; ++j) {
-      ++cnt[b[3 * t + j]];
-      xr[b[3 * t + j]] ^= (uint32_t)t;
+      Cell& cell = c[b[3 * t + j]];
+      ++cell.cnt;
+      cell.xr ^= (uint32_t)t;
     }
   std::vector<uint32_t> cand, next, p;
   for (size_t k = 0; k < m; ++k)
-    if (cnt[k] == 1) cand.push_back((uint32_t)k);
+    if (c[k].cnt == 1) cand.push_back((uint32_t)k);
   // Round-synchronous: every pure bucket of the snapshot yields its member (phase 1), then all
   // of them leave their buckets (phase 2). A bucket is pure at the start of a round exactly
-  // when the previous round brought it to count 1 (or it started so, in round one).
+  // when the previous round brought it to count 1 (or it started so, in round one). A member
+  // found twice in phase 1 is taken once (alive is cleared at once; phase 2 reads no y of P).
   while (!cand.empty()) {
     p.clear();
     for (const uint32_t k : cand) {
-      if (cnt[k] != 1) continue;
-      const uint32_t t = xr[k];
-      if (!alive[t] || in_p[t]) continue;
-      in_p[t] = 1;
+      if (c[k].cnt != 1) continue;
+      const uint32_t t = c[k].xr;
+      if (!alive[t]) continue;
+      alive[t] = 0;
       const int j = (int)(k / geo.sub);  // the sub-table of bucket k
-      x[t] = ((neg[t] >> j) & 1) ? 0u - y[k] : y[k];
+      x[t] = ((neg[t] >> j) & 1) ? 0u - c[k].y : c[k].y;
       p.push_back(t);
     }
     if (p.empty()) break;
     ++res->rounds;
     next.clear();
     for (const uint32_t t : p) {
-      alive[t] = 0;
       for (int j = 0; j < 3; ++j) {
-        const uint32_t k = b[3 * t + j];
-        y[k] -= ((neg[t] >> j) & 1) ? 0u - x[t] : x[t];
-        xr[k] ^= t;
-        if (--cnt[k] == 1) next.push_back(k);
+        Cell& cell = c[b[3 * t + j]];
+        cell.y -= ((neg[t] >> j) & 1) ? 0u - x[t] : x[t];
+        cell.xr ^= t;
+        if (--cell.cnt == 1) next.push_back(b[3 * t + j]);
       }
     }
     cand.swap(next);
@@ -497,7 +532,7 @@ Status Decode(const Geometry& geo, uint64_t pseed, const uint8_t* sums, size_t b
     if (alive[t]) res->unresolved.push_back(u[t]);
   if (!res->unresolved.empty()) return Status::kUnresolved;
   for (size_t k = 0; k < m; ++k) {
-    if (y[k] != 0) {
+    if (c[k].y != 0) {
       *error = "the sums are inconsistent: the sketch is not zero after every index of the "
                "bitmap was peeled (a corrupted or truncated payload)";
       return Status::kBadArgument;

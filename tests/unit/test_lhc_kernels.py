@@ -206,3 +206,18 @@ def test_core_errors():
     with pytest.raises(ValueError, match="scale"):
         agg.add(p2)
     assert agg.count == 1
+
+
+@pytest.mark.parametrize("topk", [0.001, 0.1, 0.5, 1.0])
+def test_exact_topk_with_many_ties(isa, topk):
+    # few distinct magnitudes: the k-th largest sits inside a large tie, broken by index
+    d, n = 5003, 1
+    cfg = LhcConfig(capacity=d, topk=topk, seed=5)
+    m = cfg.m_buckets(d)
+    ps = R.partition_seed(cfg.seed)
+    rng = np.random.default_rng(int(topk * 1000))
+    x = rng.choice(np.array([-2, -1, 0, 0, 1, 2, 2.0 ** -140], np.float32), d)
+    enc = _C.LhcEncoder(d, m, ps, 0, topk, False, True)
+    want, res = R.encode(cfg, x, 2.0, n, m, residual=np.zeros(d, np.float32))
+    np.testing.assert_array_equal(enc.encode(x, 2.0, n), want)
+    np.testing.assert_array_equal(enc.residual, res)
