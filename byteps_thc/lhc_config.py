@@ -21,7 +21,7 @@ DESIGN_LOAD = 0.75
 # sub-table, P(some pair collides) ~ N^2 / (2 s^3). The floor on s keeps that below this.
 PAIR_COLLISION_BOUND = 1e-3
 TOPK_METHODS = ("exact", "sampled")
-MAX_CAPACITY = 1 << 32  # a partition holds at most 2^32 elements, so at most that many nonzeros
+MAX_CAPACITY = 1 << 31  # keeps m_buckets (about 1.33 capacity) below 2^32: buckets are uint32
 
 
 def buckets_for(nonzeros: int) -> int:
@@ -65,7 +65,7 @@ class LhcConfig:
     def __post_init__(self):
         c = self.capacity
         if isinstance(c, bool) or not isinstance(c, int) or not 1 <= c <= MAX_CAPACITY:
-            raise ValueError(f"capacity={c!r} must be an integer in [1, 2^32] (the most nonzeros "
+            raise ValueError(f"capacity={c!r} must be an integer in [1, 2^31] (the most nonzeros "
                              "the summed partition may have)")
         t = self.topk
         if t is not None:

@@ -31,6 +31,7 @@ HEADER = struct.Struct("<IHHiIQ")
 HEADER_BYTES = HEADER.size  # 24
 SAMPLES = 1024  # magnitudes sampled by topk_method="sampled"
 MAX_WORKERS = (1 << 24) - 1
+MAX_BUCKETS = (1 << 32) - 1  # = 3 * 1431655765; bucket numbers are uint32 (lhc.h: kMaxBuckets)
 
 _TAG_KEY = 0x4C48435F4B455921
 _TAG_HASH = 0x4C48435F48415348
@@ -84,8 +85,8 @@ class Geometry:
 def geometry(d: int, m: int) -> Geometry:
     if d < 1 or d > (1 << 32):
         raise ValueError(f"size={d!r} must be in [1, 2^32]")
-    if m < 3 or m % 3:
-        raise ValueError(f"m_buckets={m!r} must be a positive multiple of 3")
+    if m < 3 or m % 3 or m > MAX_BUCKETS:
+        raise ValueError(f"m_buckets={m!r} must be a multiple of 3 in [3, {MAX_BUCKETS}]")
     bm = 8 * -(-d // 64)
     return Geometry(d, m, m // 3, bm, HEADER_BYTES + bm + 4 * m)
 

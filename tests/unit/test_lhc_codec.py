@@ -11,6 +11,7 @@ from byteps_thc import LhcAggregator, LhcCodec, LhcConfig, LhcDecodeError, lhc_c
 from byteps_thc import lhc_reference as R
 from byteps_thc.lhc_config import PEELING_THRESHOLD, buckets_for
 
+CORE = lhc_codec._CORE  # the core module, or None (before any test patches it)
 BACKENDS = ["reference"] + (["core"] if lhc_codec.backend() == "core" else [])
 
 
@@ -51,6 +52,27 @@ def test_issue_example_is_exact_to_the_fixed_point():
     # every rank decodes the same bits, and decode is repeatable
     np.testing.assert_array_equal(codecs[0].decode(total, m, 3), mean)
     np.testing.assert_array_equal(codecs[1].decode(total, m, 3), mean)
+
+
+@pytest.mark.skipif(lhc_codec.backend() != "core", reason="byteps_thc._C has no LHC core")
+def test_the_core_and_the_reference_backends_give_the_same_bytes(backend, monkeypatch):
+    cfg = LhcConfig(capacity=300, topk=0.02, error_feedback=True, seed=9)
+    d, n = 20_000, 2
+    out = {}
+    for which in ("core", "reference"):
+        monkeypatch.setattr(lhc_codec, "_CORE", None if which == "reference" else CORE)
+        codecs = [LhcCodec(cfg, d, rank=r, key=3) for r in range(n)]
+        rng = np.random.default_rng(0)
+        got = []
+        for step in range(3):
+            xs = [rng.standard_normal(d).astype(np.float32) for _ in range(n)]
+            _, total, m = round_trip(cfg, xs, codecs, key=3)
+            got.append((total, codecs[0].decode(total, m, n), codecs[1].residual))
+        out[which] = got
+    for (t1, o1, r1), (t2, o2, r2) in zip(out["core"], out["reference"]):
+        np.testing.assert_array_equal(t1, t2)
+        np.testing.assert_array_equal(o1.view(np.uint32), o2.view(np.uint32))
+        np.testing.assert_array_equal(r1, r2)
 
 
 def test_sizing_has_the_documented_margin():
