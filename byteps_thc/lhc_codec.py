@@ -7,6 +7,8 @@
     payload = codec.encode(x, m, num_workers=n)      # uint8; advances the step
     agg = LhcAggregator(cfg, size=d, num_workers=n); agg.add(payload); total = agg.result()
     mean = codec.decode(total, m, num_workers=n)     # float32[d]; LhcDecodeError when overloaded
+    # on LhcDecodeError err: every worker sends codec.fallback_values(err.unresolved); with their
+    # int32 sum, codec.complete(err, summed, m, n) is the exact mean all the same
 
 The C++ core (byteps_thc._C, csrc/lhc) does the work when the extension is built; otherwise
 byteps_thc.lhc_reference, which it equals bit for bit, does. Inputs are 1-D NumPy arrays or torch
@@ -144,6 +146,7 @@ class LhcCodec(_Partition):
         else:
             self._step = 0
             self._res = np.zeros(self.size, np.float32) if self._ef else None
+            self._last = (np.zeros(0, np.uint32), np.zeros(0, np.int64))  # support, q
 
     def __repr__(self) -> str:
         return (f"LhcCodec(size={self.size}, rank={self.rank}, key={self.key}, "
@@ -189,9 +192,9 @@ class LhcCodec(_Partition):
         n = _check_int("num_workers", num_workers, 1, R.MAX_WORKERS)
         if _CORE is not None:
             return self._enc.encode(xv, m, n)
-        payload, res = R.encode(self.config, xv, m, n, self.m_buckets, self.rank, self._step,
-                                self._res, self.key)
-        self._res = res
+        payload, res, idx, q = R.encode(self.config, xv, m, n, self.m_buckets, self.rank,
+                                        self._step, self._res, self.key, with_values=True)
+        self._res, self._last = res, (idx, q)
         self._step += 1
         return payload
 
@@ -205,9 +208,44 @@ class LhcCodec(_Partition):
             out, unresolved, rounds, union = _CORE.lhc_decode(
                 self.size, self.m_buckets, self.partition_seed, t, m, n)
             if unresolved is not None:
-                raise LhcDecodeError(unresolved.astype(np.int64), rounds, union, self.m_buckets)
+                raise LhcDecodeError(unresolved.astype(np.int64), rounds, union, self.m_buckets,
+                                     out)
             return out
         return R.decode(self.config, t, self.size, self.m_buckets, m, n, self.key)
+
+
+    def fallback_values(self, unresolved) -> np.ndarray:
+        """The exact fallback, worker side: this worker's fixed-point values q (int32) of its
+        last encode at `unresolved` (LhcDecodeError.unresolved; the same on every worker), 0
+        off its support. Their sum over the workers (int32 adds, which cannot overflow: the
+        scale keeps every sum within int32) goes to complete()."""
+        idx = np.asarray(unresolved)
+        if idx.ndim != 1 or (idx.size and (idx.min() < 0 or idx.max() >= self.size)):
+            raise ValueError(f"unresolved must be a 1-D array of indices in [0, {self.size})")
+        idx = idx.astype(np.uint32)
+        if _CORE is not None:
+            return self._enc.values_at(idx)
+        have, q = self._last
+        pos = np.searchsorted(have, idx)
+        hit = pos < have.size
+        hit[hit] = have[pos[hit]] == idx[hit]
+        out = np.zeros(idx.size, np.int32)
+        out[hit] = q[pos[hit]]
+        return out
+
+    def complete(self, error: LhcDecodeError, summed, max_abs, num_workers: int) -> np.ndarray:
+        """The exact fallback, decode side: the mean of decode() from the LhcDecodeError it
+        raised and `summed`, the sum over the workers of fallback_values(error.unresolved)."""
+        if not isinstance(error, LhcDecodeError) or error.partial is None \
+                or np.asarray(error.partial).size != self.size:
+            raise ValueError("error must be the LhcDecodeError of this codec's decode()")
+        s = _to_numpy(summed, "summed")
+        if s.dtype.kind not in "iu" or s.shape != (len(error.unresolved),):
+            raise ValueError(f"summed must be {len(error.unresolved)} integers (one per "
+                             f"unresolved index), got {s.dtype.name} {tuple(s.shape)}")
+        m = _check_max_abs(max_abs)
+        n = _check_int("num_workers", num_workers, 1, R.MAX_WORKERS)
+        return R.complete(error.partial, error.unresolved, s.astype(np.int32), m, n)
 
 
 class LhcAggregator(_Partition):

@@ -122,11 +122,15 @@ class LhcDecodeError(RuntimeError):
     same set from the same sums, so all of them can fall back the same way.
 
     unresolved: the indices (int64, ascending) whose values peeling could not determine;
-    rounds:     the peeling rounds that resolved something; union: |U|; m_buckets: m.
+    rounds:     the peeling rounds that resolved something; union: |U|; m_buckets: m;
+    partial:    the decoded mean with every resolved value (exact) and 0 at the unresolved
+                indices, or None. LhcCodec.fallback_values and LhcCodec.complete finish it
+                exactly from a second round that sums the workers' values at `unresolved`.
     """
 
-    def __init__(self, unresolved, rounds: int, union: int, m_buckets: int):
+    def __init__(self, unresolved, rounds: int, union: int, m_buckets: int, partial=None):
         self.unresolved = unresolved
+        self.partial = partial
         self.rounds = int(rounds)
         self.union = int(union)
         self.m_buckets = int(m_buckets)

@@ -218,9 +218,10 @@ def sketch(pseed: int, geo: Geometry, idx: np.ndarray, q: np.ndarray) -> np.ndar
 
 
 def encode(cfg: LhcConfig, x, max_abs_all: float, num_workers: int, m: int, rank: int = 0,
-           step: int = 0, residual=None, key: int = 0):
+           step: int = 0, residual=None, key: int = 0, with_values: bool = False):
     """One worker's payload. `residual`: the error-feedback state (d floats; zeros at the start)
-    or None without it. Returns (payload uint8, new residual or None)."""
+    or None without it. Returns (payload uint8, new residual or None), and with `with_values`
+    also the support (uint32, ascending) and its values q (int64)."""
     d = np.asarray(x).size
     geo = geometry(d, m)
     x = check_input(x, d)
@@ -241,7 +242,7 @@ def encode(cfg: LhcConfig, x, max_abs_all: float, num_workers: int, m: int, rank
     if residual is not None:
         new_res = np.where(keep, np.float32(0), a).astype(np.float32)
     payload = pack(e, 1, fingerprint(d, m, pseed), bitmap_of(idx, d), sketch(pseed, geo, idx, q))
-    return payload, new_res
+    return (payload, new_res, idx, q) if with_values else (payload, new_res)
 
 
 # -- the aggregator ------------------------------------------------------------------------------
@@ -335,11 +336,24 @@ def decode(cfg: LhcConfig, total, d: int, m: int, max_abs_all: float, num_worker
         raise ValueError(f"the sums' bitmap has bits set past size={d}")
     idx = np.flatnonzero(bits[:d]).astype(np.uint32)
     x, ok, rounds, rest = peel(pseed, geo, idx, y)
+    out = np.zeros(d, dtype=np.float32)
+    out[idx[ok]] = (x[ok].astype(np.float64) * math.ldexp(1.0, -e) / num_workers).astype(
+        np.float32)
     if not ok.all():
-        raise LhcDecodeError(idx[~ok].astype(np.int64), rounds, idx.size, m)
+        raise LhcDecodeError(idx[~ok].astype(np.int64), rounds, idx.size, m, out)
     if rest.any():
         raise ValueError("the sums are inconsistent: the sketch is not zero after every index "
                          "of the bitmap was peeled (a corrupted or truncated payload)")
-    out = np.zeros(d, dtype=np.float32)
-    out[idx] = (x.astype(np.float64) * math.ldexp(1.0, -e) / num_workers).astype(np.float32)
+    return out
+
+
+def complete(partial: np.ndarray, unresolved, summed, max_abs_all: float,
+             num_workers: int) -> np.ndarray:
+    """The exact fallback: `partial` (LhcDecodeError.partial) with the unresolved indices set
+    from `summed`, the int32 sum over the workers of their values q at those indices."""
+    e = scale_exponent(max_abs_all, num_workers)
+    out = np.array(partial, dtype=np.float32)
+    s = np.asarray(summed, dtype=np.int64)
+    out[np.asarray(unresolved, dtype=np.int64)] = (
+        s.astype(np.float64) * math.ldexp(1.0, -e) / num_workers).astype(np.float32)
     return out

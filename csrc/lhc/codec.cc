@@ -183,6 +183,14 @@ const Geometry& Encoder::geometry() const { return impl_->geo; }
 uint64_t Encoder::step() const { return impl_->step; }
 void Encoder::set_step(uint64_t step) { impl_->step = step; }
 const float* Encoder::residual() const { return impl_->ef ? impl_->residual.data() : nullptr; }
+void Encoder::ValuesAt(const uint32_t* idx, size_t k, int32_t* out) const {
+  const std::vector<uint32_t>& have = impl_->qidx;  // ascending: the last encode's support
+  for (size_t t = 0; t < k; ++t) {
+    const auto it = std::lower_bound(have.begin(), have.end(), idx[t]);
+    out[t] =
+        (it != have.end() && *it == idx[t]) ? (int32_t)impl_->q[(size_t)(it - have.begin())] : 0;
+  }
+}
 void Encoder::ResetResidual() { std::fill(impl_->residual.begin(), impl_->residual.end(), 0.f); }
 
 namespace {
@@ -528,8 +536,13 @@ Status Decode(const Geometry& geo, uint64_t pseed, const uint8_t* sums, size_t b
     }
     cand.swap(next);
   }
-  for (size_t t = 0; t < nu; ++t)
+  // The values: every resolved index (exact even when others are not), 0 elsewhere.
+  std::memset(out, 0, d * sizeof(float));
+  const double scale = std::ldexp(1.0, -e);
+  for (size_t t = 0; t < nu; ++t) {
     if (alive[t]) res->unresolved.push_back(u[t]);
+    else out[u[t]] = (float)((double)(int32_t)x[t] * scale / (double)n);
+  }
   if (!res->unresolved.empty()) return Status::kUnresolved;
   for (size_t k = 0; k < m; ++k) {
     if (c[k].y != 0) {
@@ -538,9 +551,6 @@ Status Decode(const Geometry& geo, uint64_t pseed, const uint8_t* sums, size_t b
       return Status::kBadArgument;
     }
   }
-  std::memset(out, 0, d * sizeof(float));
-  const double scale = std::ldexp(1.0, -e);
-  for (size_t t = 0; t < nu; ++t) out[u[t]] = (float)((double)(int32_t)x[t] * scale / (double)n);
   return Status::kOk;
 }
 

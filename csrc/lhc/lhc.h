@@ -100,6 +100,10 @@ class Encoder {
   uint64_t step() const;
   void set_step(uint64_t step);
   const float* residual() const;  // d floats, or nullptr when no residual is kept
+  // out[t] = q at idx[t] of the last successful Encode (0 off its support, or before any): the
+  // exact fallback resends these for the indices peeling left unresolved; their int32 sum over
+  // the workers is the sum peeling could not find.
+  void ValuesAt(const uint32_t* idx, size_t k, int32_t* out) const;
   void ResetResidual();
 
  private:
@@ -133,7 +137,8 @@ struct DecodeResult {
   size_t union_size = 0;             // |U|, the bits set in the aggregated bitmap
 };
 // The exact mean of the n workers' quantised inputs into out[d]; kUnresolved when peeling
-// leaves indices unresolved (out is then unspecified), kBadArgument (with *error) otherwise.
+// leaves indices unresolved (out then holds every resolved value, exact, and 0 at the
+// unresolved ones), kBadArgument (with *error) otherwise.
 Status Decode(const Geometry& geo, uint64_t partition_seed, const uint8_t* sums, size_t bytes,
               double max_abs, uint32_t num_workers, float* out, DecodeResult* result,
               std::string* error);

@@ -118,8 +118,8 @@ class PyLhcAggregator {
   std::unique_ptr<lhc::Aggregator> agg_;
 };
 
-// (out float32[d], None, rounds, |U|) on success; (None, unresolved uint32, rounds, |U|) when
-// peeling fails. ValueError for everything else.
+// (out float32[d], None, rounds, |U|) on success; (out, unresolved uint32, rounds, |U|) when
+// peeling fails (out then holds the resolved values, 0 at the unresolved). ValueError else.
 py::tuple Decode(size_t d, size_t m, uint64_t pseed, const py::handle& sums, double max_abs,
                  uint32_t n) {
   const lhc::Geometry geo = Geo(d, m);
@@ -137,7 +137,7 @@ py::tuple Decode(size_t d, size_t m, uint64_t pseed, const py::handle& sums, dou
   if (st == lhc::Status::kUnresolved) {
     py::array_t<uint32_t> un(res.unresolved.size());
     std::memcpy(un.mutable_data(), res.unresolved.data(), res.unresolved.size() * 4);
-    return py::make_tuple(py::none(), un, res.rounds, res.union_size);
+    return py::make_tuple(out, un, res.rounds, res.union_size);
   }
   if (st != lhc::Status::kOk) Fail(err);
   return py::make_tuple(out, py::none(), res.rounds, res.union_size);
@@ -203,6 +203,15 @@ void RegisterLhc(py::module_& m) {
             e.core().set_step(s);
           })
       .def_property_readonly("residual", &PyLhcEncoder::Residual)
+      .def(
+          "values_at",
+          [](PyLhcEncoder& e, const py::handle& idx) {
+            auto a = Vector<uint32_t>(idx, "indices", (size_t)-1);
+            py::array_t<int32_t> out(a.size());
+            e.core().ValuesAt(a.data(), (size_t)a.size(), out.mutable_data());
+            return out;
+          },
+          py::arg("indices"), "int32 q of the last encode at these indices (0 off its support).")
       .def("reset_residual", [](PyLhcEncoder& e) { e.core().ResetResidual(); });
 
   py::class_<PyLhcAggregator>(m, "LhcAggregator")

@@ -249,3 +249,27 @@ def test_torch_tensors_are_accepted():
     agg = LhcAggregator(cfg, 1000, 1)
     agg.add(torch.from_numpy(p))
     assert np.abs(c.decode(agg.result(), m, 1) - x).max() <= 2.0 ** -R.scale_exponent(m, 1)
+
+
+def test_exact_fallback_gives_what_a_larger_sketch_gives():
+    # q depends on the seed, key, rank, step and scale, not on m: an overloaded sketch finished by
+    # the fallback round must give the bits of a sketch large enough to peel
+    d, n = 30_000, 3
+    small, big = LhcConfig(capacity=200, seed=4), LhcConfig(capacity=20_000, seed=4)
+    xs = [sparse(d, 400, 50 + w) for w in range(n)]
+    xs[1][np.flatnonzero(xs[0])[:30]] = -xs[0][np.flatnonzero(xs[0])[:30]]  # some cancel
+    codecs, total, m = round_trip(small, xs, key=2)
+    with pytest.raises(LhcDecodeError) as err:
+        codecs[0].decode(total, m, n)
+    e = err.value
+    assert e.partial.shape == (d,) and not e.partial[e.unresolved].any()
+    summed = np.sum([c.fallback_values(e.unresolved) for c in codecs], axis=0, dtype=np.int32)
+    done = [c.complete(e, summed, m, n) for c in codecs]
+    bc, btotal, bm = round_trip(big, xs, key=2)
+    want = bc[0].decode(btotal, bm, n)
+    for got in done:
+        np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+    with pytest.raises(ValueError, match="summed must be"):
+        codecs[0].complete(e, summed[:-1], m, n)
+    with pytest.raises(ValueError, match="unresolved must be"):
+        codecs[0].fallback_values(np.array([d]))

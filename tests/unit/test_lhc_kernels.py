@@ -3,13 +3,14 @@
 Pinned on every ISA this CPU has (portable, avx2, avx512, forced in turn): the keys and the
 fingerprint, the scale, stochastic rounding, the buckets and signs, whole payloads and residuals
 over several steps (no top-k, exact and sampled top-k, error feedback), the aggregated payload,
-the decoded values, and on overload the same unresolved set and round count.
+the decoded values, on overload the same unresolved set, round count and partial values, and
+the values the exact fallback resends.
 """
 import numpy as np
 import pytest
 
 from byteps_thc import lhc_reference as R
-from byteps_thc.lhc_config import LhcConfig
+from byteps_thc.lhc_config import LhcConfig, LhcDecodeError
 
 _C = pytest.importorskip("byteps_thc._C")
 if not hasattr(_C, "LhcEncoder"):
@@ -176,8 +177,10 @@ def test_peeling_rounds_and_unresolved_match(isa, load):
         assert unresolved is None
         np.testing.assert_array_equal(out, R.decode(cfg, total, d, m, top, n))
     else:
-        assert out is None
         np.testing.assert_array_equal(unresolved, u[~ok])
+        with pytest.raises(LhcDecodeError) as err:
+            R.decode(cfg, total, d, m, top, n)
+        np.testing.assert_array_equal(out.view(np.uint32), err.value.partial.view(np.uint32))
 
 
 def test_core_errors():
@@ -221,3 +224,19 @@ def test_exact_topk_with_many_ties(isa, topk):
     want, res = R.encode(cfg, x, 2.0, n, m, residual=np.zeros(d, np.float32))
     np.testing.assert_array_equal(enc.encode(x, 2.0, n), want)
     np.testing.assert_array_equal(enc.residual, res)
+
+
+def test_fallback_values_are_the_last_encodes_q(isa):
+    d, m, n = 5000, 300, 2
+    cfg = LhcConfig(capacity=1, seed=8)
+    ps = R.partition_seed(cfg.seed)
+    x = _inputs(d, 3, 0.1)
+    enc = _C.LhcEncoder(d, m, ps, 1, 0.0, False, False)
+    probe = np.arange(d, dtype=np.uint32)
+    assert not enc.values_at(probe).any()  # nothing encoded yet
+    top = R.max_abs(x)
+    enc.encode(x, top, n)
+    _, _, idx, q = R.encode(cfg, x, top, n, m, rank=1, with_values=True)
+    want = np.zeros(d, np.int64)
+    want[idx] = q
+    np.testing.assert_array_equal(enc.values_at(probe), want)
