@@ -240,3 +240,36 @@ def test_fallback_values_are_the_last_encodes_q(isa):
     want = np.zeros(d, np.int64)
     want[idx] = q
     np.testing.assert_array_equal(enc.values_at(probe), want)
+
+
+def test_corrupted_sums_never_decode_to_a_wrong_value():
+    # one flipped bit anywhere in the aggregated payload: a clear error, or the right answer
+    # where the flip is harmless (the reserved field; a bitmap bit set for an index not in the
+    # union, which then decodes to its true value 0); never a crash or a wrong value
+    d, n = 3000, 2
+    cfg = LhcConfig(capacity=300, seed=12)
+    m = cfg.m_buckets(d)
+    ps = R.partition_seed(cfg.seed)
+    xs = [_inputs(d, 40 + w, 0.04) for w in range(n)]
+    top = max(R.max_abs(x) for x in xs)
+    total = R.aggregate([R.encode(cfg, x, top, n, m, w)[0] for w, x in enumerate(xs)], d, m, ps, n)
+    want, none, _, _ = _C.lhc_decode(d, m, ps, total, top, n)
+    assert none is None
+    bitmap = range(R.HEADER_BYTES, R.HEADER_BYTES + 8 * -(-d // 64))
+    rng = np.random.default_rng(0)
+    errors = 0
+    for pos in rng.choice(total.size, 300, replace=False):
+        bad = total.copy()
+        bit = np.uint8(1 << int(rng.integers(0, 8)))
+        bad[pos] ^= bit
+        try:
+            out, unresolved, _, _ = _C.lhc_decode(d, m, ps, bad, top, n)
+        except ValueError:
+            errors += 1
+            continue
+        if unresolved is not None:
+            errors += 1
+            continue
+        np.testing.assert_array_equal(out, want, err_msg=f"byte {pos} flipped")
+        assert pos in (6, 7) or (pos in bitmap and bad[pos] & bit), f"byte {pos} passed"
+    assert errors >= 250
