@@ -102,6 +102,17 @@ class LhcConfig:
             "lhc_error_feedback": "1" if self.error_feedback else "0",
         }
 
+    @classmethod
+    def from_kwargs(cls, kwargs) -> "LhcConfig":
+        """The inverse of to_kwargs (what the fork's server will read)."""
+        if kwargs.get("compressor_type") != "lhc":
+            raise ValueError(f"compressor_type={kwargs.get('compressor_type')!r} is not 'lhc'")
+        topk = float(kwargs.get("lhc_topk", "0"))
+        return cls(capacity=int(kwargs["lhc_capacity"]), topk=topk or None,
+                   topk_method=kwargs.get("lhc_topk_method", "exact"),
+                   seed=int(kwargs["lhc_seed"]),
+                   error_feedback=kwargs.get("lhc_error_feedback", "1") == "1")
+
     def fingerprint(self) -> int:
         """64-bit digest of what workers and the aggregator must agree on: capacity and seed.
         (topk and error feedback are per worker. Each payload also carries the core's digest of

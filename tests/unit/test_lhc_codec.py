@@ -175,6 +175,16 @@ def test_decode_checks_count_and_scale():
         codecs[0].decode(total, 4 * m, 2)
 
 
+def test_kwargs_round_trip():
+    for cfg in (LhcConfig(), LhcConfig(capacity=7, topk=0.01, topk_method="sampled", seed=3,
+                                       error_feedback=False)):
+        kw = cfg.to_kwargs()
+        assert all(isinstance(v, str) for v in kw.values()) and kw["compressor_type"] == "lhc"
+        assert LhcConfig.from_kwargs(kw) == cfg
+    with pytest.raises(ValueError, match="is not 'lhc'"):
+        LhcConfig.from_kwargs({"compressor_type": "thc"})
+
+
 @pytest.mark.parametrize("kwargs,match", [
     (dict(capacity=0), "capacity=0"), (dict(capacity=1.5), "capacity=1.5"),
     (dict(topk=0.0), "topk=0.0"), (dict(topk=1.5), "topk=1.5"), (dict(topk=-0.1), "topk"),
