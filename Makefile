@@ -17,6 +17,7 @@ help:
 	@echo "make ext    - build the codec extension byteps_thc._C"
 	@echo "make byteps - build and install the BytePS fork (pinned sdist + our patches)"
 	@echo "make bench  - codec benchmark (benchmarks/bench_codec.py)"
+	@echo "make soak   - 10 min of THC training, RSS of every process; fails on growth (SOAK_MINUTES=N)"
 	@echo "make test-tf    - the TensorFlow tests alone (make test runs them too)"
 	@echo "make test-upstream-bugs - each upstream bug's test fails without its patch (3 builds)"
 	@echo "make test-mxnet - MXNet in its own environment (.cache/venv-mxnet; not part of make test)"
@@ -65,6 +66,13 @@ demo: ext byteps
 
 bench: ext
 	$(PY) benchmarks/bench_codec.py
+
+# Soak (not part of `make test`): SOAK_MINUTES of THC training on a --local 2 cluster while the RSS
+# of every process is sampled; exits non-zero when one grows after warm-up (benchmarks/soak.py).
+SOAK_MINUTES ?= 10
+.PHONY: soak
+soak: ext byteps
+	$(PY) benchmarks/soak.py --minutes $(SOAK_MINUTES)
 
 clean:
 	rm -rf build $(EXT) byteps_thc/_C*.so

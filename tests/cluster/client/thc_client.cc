@@ -4,8 +4,10 @@
 //
 // Start it with the usual DMLC_* environment (DMLC_ROLE=worker). Commands (one per line), each
 // answered with one line "ok ..." or "err ...":
-//   hello                                  -> ok <rank> <num_workers>
+//   hello                                  -> ok <rank> <num_workers> <node id>
 //   push <key> <cmd> <path>                -> ok <bytes>      (blocking push of a file's bytes)
+//   rawpush <key> <cmd> <lens> <path>      -> ok <bytes>      (the same, but the ps-lite length
+//        field says <lens> whatever the file holds: what a broken or hostile worker can send)
 //   pull <key> <cmd> <capacity> <path>     -> ok <bytes>      (blocking pull, written to path)
 //   fp <key> <d> <serialised kwargs...>    -> ok <fingerprint> <payload_bytes> <padded>
 //   loop <rounds> <manifest>               -> ok <seconds> <bytes pushed> <bytes pulled>
@@ -60,10 +62,19 @@ tw::Kwargs ParseSerialised(std::istream& is) {
   return kwargs;
 }
 
-std::string Push(uint64_t key, int cmd, std::vector<char>& data) {
+// The slicer of every request: forwards it whole to server 0. That is what ps-lite's default
+// slicer does with one key of server 0 (every request here: PsKey), except that the default one
+// cuts the values by the length field, and a rawpush's length field may disagree with them.
+void Slice(const ps::KVPairs<char>& send, const std::vector<ps::Range>& ranges,
+           ps::KVWorker<char>::SlicedKVs* sliced) {
+  sliced->assign(ranges.size(), {false, ps::KVPairs<char>()});
+  (*sliced)[0] = {true, send};
+}
+
+std::string Push(uint64_t key, int cmd, std::vector<char>& data, const int* lens_field = nullptr) {
   ps::SArray<ps::Key> keys(1, PsKey(key));
   ps::SArray<char> vals(data.data(), data.size(), false);
-  ps::SArray<int> lens(1, static_cast<int>(data.size()));
+  ps::SArray<int> lens(1, lens_field ? *lens_field : static_cast<int>(data.size()));
   kv->Wait(kv->ZPush(keys, vals, lens, cmd));
   return "ok " + std::to_string(data.size());
 }
@@ -163,6 +174,7 @@ std::string Loop(std::istream& is) {
 int main() {
   std::ios::sync_with_stdio(false);
   kv = new ps::KVWorker<char>(0, 0);
+  kv->set_slicer(Slice);
   ps::StartAsync(0, "thc_client\0");
   ps::Postoffice::Get()->Barrier(0, ps::kWorkerGroup + ps::kServerGroup + ps::kScheduler);
   std::string line;
@@ -172,7 +184,8 @@ int main() {
     is >> op;
     std::string out;
     if (op == "hello") {
-      out = "ok " + std::to_string(ps::MyRank()) + " " + std::to_string(ps::NumWorkers());
+      out = "ok " + std::to_string(ps::MyRank()) + " " + std::to_string(ps::NumWorkers()) + " " +
+            std::to_string(ps::Postoffice::Get()->van()->my_node().id);
     } else if (op == "push") {
       uint64_t key;
       int cmd;
@@ -180,6 +193,13 @@ int main() {
       std::vector<char> data;
       is >> key >> cmd >> path;
       out = ReadFile(path, &data) ? Push(key, cmd, data) : "err cannot read " + path;
+    } else if (op == "rawpush") {
+      uint64_t key;
+      int cmd, lens;
+      std::string path;
+      std::vector<char> data;
+      is >> key >> cmd >> lens >> path;
+      out = ReadFile(path, &data) ? Push(key, cmd, data, &lens) : "err cannot read " + path;
     } else if (op == "pull") {
       uint64_t key;
       int cmd;

@@ -162,13 +162,38 @@ void Pull(Round* round, uint64_t key, const ps::KVMeta& req, const ps::KVPairs<c
   }
 }
 
+// A registration's kwargs, BytePS's "N k1 v1 k2 v2 ..." (compressor::Serialize). Not BytePS's
+// compressor::Deserialize: that one loops N times whatever the text holds, so a broken worker's
+// N = 2^64-1 would spin forever under the server's lock. Here N must be a plain decimal count of
+// the pairs that follow; otherwise `err` says so (the pairs that are there are still returned, so
+// that the caller can tell a THC registration from another).
+tw::Kwargs ParseRegistration(const std::string& content, std::string* err) {
+  std::istringstream is(content);
+  std::string count;
+  std::vector<std::string> words;
+  is >> count;
+  for (std::string w; is >> w;) words.push_back(w);
+  tw::Kwargs kwargs;
+  for (size_t i = 0; i + 1 < words.size(); i += 2) kwargs[words[i]] = words[i + 1];
+  const bool digits = !count.empty() && count.size() <= 19 &&
+                      count.find_first_not_of("0123456789") == std::string::npos;
+  if (!digits || words.size() % 2 || std::stoull(count) != words.size() / 2) {
+    *err = "malformed compressor kwargs: the text begins with '" + count.substr(0, 24) +
+           "' (the number of key/value pairs) and holds " + std::to_string(words.size()) +
+           " words after it; a worker sends them as BytePS's compressor::Serialize writes them";
+  }
+  return kwargs;
+}
+
 void Register(ThcKey* k, uint64_t key, const ps::KVMeta& req, const ps::KVPairs<char>& req_data,
               ps::KVServer<char>* server, size_t stored_len, int stored_dtype) {
   std::string content(req_data.vals.data(), req_data.vals.size());
-  auto kwargs = common::compressor::Deserialize(content);
   std::string err;
+  auto kwargs = ParseRegistration(content, &err);
   tw::ThcSettings settings;
-  if (!tw::IsThcKwargs(kwargs)) {
+  if (!err.empty()) {
+    // malformed: refused as it is
+  } else if (!tw::IsThcKwargs(kwargs)) {
     err = "compressor_type=" + (kwargs.count("compressor_type") ? kwargs["compressor_type"] : "") +
           " but other workers declared THC";
   } else {
@@ -324,7 +349,8 @@ bool ThcHandleRequest(int request_type, uint64_t key, const ps::KVMeta& req_meta
   if (request_type == kCompressed) {
     if (!k) {
       std::string content(req_data.vals.data(), req_data.vals.size());
-      if (!tw::IsThcKwargs(common::compressor::Deserialize(content))) return false;
+      std::string malformed;  // Register refuses it again, with this message
+      if (!tw::IsThcKwargs(ParseRegistration(content, &malformed))) return false;
       k = (thc_keys_[key] = std::unique_ptr<ThcKey>(new ThcKey)).get();
     }
     Register(k, key, req_meta, req_data, server, stored_len, stored_dtype);
