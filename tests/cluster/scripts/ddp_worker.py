@@ -24,6 +24,7 @@ SHAPES = [(30000,), (200, 150), (7,), (50001,), (123, 45)]
 FORWARD_ORDER = [3, 0, 4, 1, 2]
 SMALL = 2  # float64 (DDP buckets by dtype): a bucket of its own, under min_compress_bytes
 BUCKET_MB = 0.25
+NONFINITE = (1, 1, 0)  # (rank, step, parameter): an Inf there makes that round non-finite
 
 
 def inputs(rank, step, shapes, dtype=torch.float32):
@@ -34,6 +35,8 @@ def inputs(rank, step, shapes, dtype=torch.float32):
             g = rng.integers(-8, 8, size=shape).astype(np.float32) / 4
         else:
             g = rng.standard_normal(shape).astype(np.float32) * np.float32(0.1 * (i + 1))
+        if (rank, step, i) == NONFINITE:
+            g.flat[5] = np.inf
         out.append(torch.from_numpy(g).to(torch.float64 if i == SMALL else dtype))
     return out
 
