@@ -9,6 +9,7 @@ import hashlib
 import io
 import math
 import os
+import re
 import sys
 
 import numpy as np
@@ -209,3 +210,34 @@ def test_world_size_one_returns_the_gradient(tmp_path):
         want = worker.inputs(0, s, worker.SHAPES)
         assert all(torch.equal(g, w) for g, w in zip(grads, want))
     assert r0["stats"]["buckets_compressed"] == 0
+
+
+def run_digits(n, compressor, timeout=300):
+    """example/pytorch/train_digits_ddp.py under torchrun; [(accuracy, digest)] of every rank."""
+    argv = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={n}",
+            "--master-addr=127.0.0.1", f"--master-port={free_port()}",
+            os.path.join(ROOT, "example", "pytorch", "train_digits_ddp.py"),
+            "--compressor", compressor]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DMLC_", "BYTEPS_"))}
+    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
+               PYTHONPATH=os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH")) if p))
+    sup = Supervisor([ProcSpec("torchrun", "worker", argv, env, ROOT)], err=io.StringIO(),
+                     echo=False, keep_lines=True, grace=60, timeout=timeout, shutdown_timeout=0,
+                     kill_timeout=5.0, poll_interval=0.2, tag="ddp")
+    with sup:
+        outcome = sup.wait()
+    text = sup.logs["torchrun"].text()
+    assert outcome.kind == "ok", f"{outcome.message}\n{text[-4000:]}"
+    # the ranks share torchrun's stdout: a line may break where another rank's begins
+    finals = re.findall(r"final test accuracy: ([0-9.]+) .*?parameter digest ([0-9a-f]{16})",
+                        text, re.S)
+    assert len(finals) == n, text[-4000:]
+    return [(float(acc), digest) for acc, digest in finals]
+
+
+def test_digits_accuracy_within_one_point_of_plain_ddp():
+    plain, thc = run_digits(2, "none"), run_digits(2, "thc")
+    for ranks in (plain, thc):  # every rank ends with the same parameters
+        assert len({digest for _, digest in ranks}) == 1, ranks
+    assert plain[0][1] != thc[0][1]  # the hook did change the gradients
+    assert abs(thc[0][0] - plain[0][0]) <= 0.01, (thc, plain)
