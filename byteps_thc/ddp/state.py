@@ -64,6 +64,13 @@ class ThcHookState:
 
     Every rank must pass the same values: the hook's first call and every norm round compare a
     fingerprint of them and raise ValueError on every rank if they differ.
+
+    `stats`: bytes_sent / bytes_received (this rank's all_to_all and all_gather payloads of the
+    compressed buckets; the norm rounds' 64 bytes and the plain all-reduces are not counted),
+    buckets_compressed, buckets_skipped (under min_compress_bytes), buckets_warmup, and
+    nonfinite_steps (compressed rounds whose agreed norm was not finite).
+    `state_dict()` / `load_state_dict()`: see there; `trace`, when set to a list, receives
+    (bucket key, agreed norm) of every compressed round (tests, debugging).
     """
 
     def __init__(self, process_group=None, config: Optional[ThcConfig] = None,
