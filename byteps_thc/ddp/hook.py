@@ -117,7 +117,7 @@ def _compressed(state: ThcHookState, bucket, key, buf: torch.Tensor) -> torch.Te
     cfg, codec, own_agg, shard_agg, bounds = state.codecs(key, d)
     x = buf.detach().reshape(-1).to(torch.float32, copy=True)
     if state.config.error_feedback:
-        x += torch.cat([state.residual(i, hi - lo, device) for i, (lo, hi) in zip(key, offsets)])
+        x += state.bucket_residual(key, offsets, device)
 
     try:
         norm, bad = codec.norm(x), False                                     # 1
@@ -166,7 +166,7 @@ def _compressed(state: ThcHookState, bucket, key, buf: torch.Tensor) -> torch.Te
         own_agg.add(payload)
         mine_deq = _to_tensor(codec.decode(own_agg.result(), m, 1), device)
         new_res = x - mine_deq
-    state.commit(key, params, offsets, new_res)
+    state.commit(key, offsets, new_res)
     state.stats["buckets_compressed"] += 1
     state.stats["bytes_sent"] += (payload.numel() - mine) + (n - 1) * width
     state.stats["bytes_received"] += (n - 1) * mine + (n - 1) * width

@@ -101,6 +101,8 @@ class ThcHookState:
         self._param_refs: List[torch.Tensor] = []  # keeps those ids from being reused
         self._shapes: List[Tuple[Tuple[int, ...], str]] = []  # per canonical index
         self._residuals: Dict[int, torch.Tensor] = {}
+        self._flat: Dict[Tuple[int, ...], torch.Tensor] = {}   # bucket key -> its residual
+        self._owner: Dict[int, Tuple[int, ...]] = {}           # index -> key whose flat holds it
         self._steps: Dict[Tuple[int, ...], int] = {}
         self._codecs: Dict[tuple, tuple] = {}
         self.handshake_done = False
@@ -165,18 +167,33 @@ class ThcHookState:
     def step_of(self, key) -> int:
         return self._steps.get(key, 0)
 
-    def residual(self, index: int, numel: int, device) -> torch.Tensor:
-        r = self._residuals.get(index)
-        if r is None:
-            return torch.zeros(numel, dtype=torch.float32, device=device)
-        return r.to(device)
+    def bucket_residual(self, key, offsets, device) -> torch.Tensor:
+        """The residual of a bucket's parameters, flat in the bucket's order (zeros where none):
+        the bucket's own last residual when it wrote every piece of it, else the pieces joined."""
+        flat = self._flat.get(key)
+        if flat is not None and all(self._owner.get(i) == key for i in key):
+            return flat.to(device)
+        pieces = []
+        for idx, (lo, hi) in zip(key, offsets):
+            r = self._residuals.get(idx)
+            pieces.append(torch.zeros(hi - lo, dtype=torch.float32, device=device) if r is None
+                          else r.to(device))
+        return torch.cat(pieces)
 
-    def commit(self, key, params, offsets, new_residual: Optional[torch.Tensor]):
-        """A compressed round of `key` succeeded: advance its step, store the residuals."""
+    def commit(self, key, offsets, new_residual: Optional[torch.Tensor]):
+        """A compressed round of `key` succeeded: advance its step, store the residuals (views
+        of the bucket's flat residual, which the next round of the same layout reuses)."""
         self._steps[key] = self.step_of(key) + 1
-        if new_residual is not None:
-            for idx, (lo, hi) in zip(key, offsets):
-                self._residuals[idx] = new_residual[lo:hi].clone()
+        if new_residual is None:
+            return
+        previous = {self._owner.get(i) for i in key} - {None, key}
+        self._flat[key] = new_residual
+        for idx, (lo, hi) in zip(key, offsets):
+            self._residuals[idx] = new_residual[lo:hi]
+            self._owner[idx] = key
+        for old in previous:  # a layout that no longer owns any residual frees its buffer
+            if old not in self._owner.values():
+                self._flat.pop(old, None)
 
     # -- persistence ------------------------------------------------------------------------
     def state_dict(self) -> dict:
