@@ -154,7 +154,8 @@ def parse_args(argv=None):
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=3, help="PowerSGD compresses from step 2")
-    ap.add_argument("--run-timeout", type=float, default=600.0)
+    ap.add_argument("--run-timeout", type=float, default=300.0,
+                    help="seconds per run (powerSGD_hook on gloo has hung here: docs/RESULTS.md)")
     ap.add_argument("--json", metavar="PATH", help="write the records here")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--model", help=argparse.SUPPRESS)

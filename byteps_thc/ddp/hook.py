@@ -32,8 +32,9 @@ Tuning:
 - `config`: the default picks the least-error granularity for 8-bit lanes at this world size;
   `ThcConfig.for_workers(n, downstream_bits=16)` halves the error again for twice the incoming
   bytes; bits=2 or 3 send less at a larger error. Keep error feedback on.
-- It pays where the link is the bottleneck (about 10 Gbit/s and below); on fast links the
-  encode and decode cost more than the bytes they save.
+- It can only pay where the link, not the CPU, is the bottleneck: the encode, the two decodes
+  (with error feedback) and four collectives per bucket cost CPU and latency. On a 2-core host it
+  was not ahead of plain DDP at 1 Gbit/s (docs/RESULTS.md, "The DDP comm hook").
 
 Example:
     import torch.distributed as dist
