@@ -1,0 +1,141 @@
+"""Train an MLP on scikit-learn's bundled digits with PyTorch DDP and the THC comm hook (no BytePS).
+
+    torchrun --nproc-per-node 2 example/pytorch/train_digits_ddp.py                   # THC hook
+    torchrun --nproc-per-node 2 example/pytorch/train_digits_ddp.py --compressor none # plain DDP
+    torchrun --nproc-per-node 2 example/pytorch/train_digits_ddp.py --compressor fp16
+
+The same model, data split, shards and per-rank batch order as train_digits.py (the BytePS
+example), over gloo on CPU. `--compressor thc` registers byteps_thc.ddp.thc_hook with a
+ThcHookState (`--thc-bits`, `--start-iter`, `--min-compress-bytes`); `fp16` registers PyTorch's
+fp16_compress_hook; `none` leaves DDP's all-reduce. Prints per-epoch progress and, on every rank,
+the final test accuracy and a digest of the parameters (the same on every rank). Without torchrun
+(no RANK in the environment) it trains in this one process, without DDP.
+"""
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "shared"))
+import example_common as common
+from train_digits import make_model, param_digest
+
+
+class Group:
+    """What example_common.finish needs of a launcher: rank, size, shutdown."""
+
+    def __init__(self, distributed):
+        self.distributed = distributed
+
+    def rank(self):
+        return dist.get_rank() if self.distributed else 0
+
+    def size(self):
+        return dist.get_world_size() if self.distributed else 1
+
+    def shutdown(self):
+        if self.distributed:
+            dist.destroy_process_group()
+
+
+def parse_args(argv=None):
+    p = common.digits_parser(__doc__, compressors=("thc", "none", "fp16"))
+    p.set_defaults(compressor="thc")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    p.add_argument("--start-iter", type=int, default=0, help="uncompressed warm-up iterations")
+    p.add_argument("--min-compress-bytes", type=int, default=65536)
+    p.add_argument("--bucket-cap-mb", type=float, default=25.0)
+    return p.parse_args(argv)
+
+
+def register_hook(model, args):
+    if args.compressor == "thc":
+        from byteps_thc import ThcConfig
+        from byteps_thc.ddp import ThcHookState, thc_hook
+        n = dist.get_world_size()
+        state = ThcHookState(config=ThcConfig.for_workers(n, bits=args.thc_bits),
+                             min_compress_bytes=args.min_compress_bytes,
+                             start_iter=args.start_iter)
+        model.register_comm_hook(state, thc_hook)
+        return state
+    if args.compressor == "fp16":
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+        model.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    return None
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    distributed = "RANK" in os.environ
+    if distributed:
+        dist.init_process_group("gloo")
+    group = Group(distributed)
+    rank, size = group.rank(), group.size()
+    dtype = getattr(torch, args.dtype)
+    torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
+
+    data = common.load_digits_split(args.seed)
+    x_tr, y_tr, steps_per_epoch = common.shard(data[0], rank, size, args.batch_size)
+    n_train, (x_te, y_te) = len(data[0][1]), data[1]
+    x_tr_t, y_tr_t = torch.from_numpy(x_tr).to(dtype), torch.from_numpy(y_tr)
+    x_te_t, y_te_t = torch.from_numpy(x_te).to(dtype), torch.from_numpy(y_te)
+
+    net = make_model(args.hidden, dtype)  # the same seed on every rank; DDP broadcasts rank 0's
+    model, state = net, None
+    if distributed:
+        model = DDP(net, bucket_cap_mb=args.bucket_cap_mb)
+        state = register_hook(model, args)
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
+    if rank == 0:
+        n_params = sum(p.numel() for p in net.parameters())
+        print(f"digits: {n_train} training and {len(y_te)} test images, {size} rank(s), "
+              f"{steps_per_epoch} steps/epoch of {args.batch_size} per rank, MLP 64-{args.hidden}-"
+              f"{args.hidden}-10 ({n_params} parameters, {args.dtype}), DDP hook "
+              f"{args.compressor if distributed else 'none (one process)'}", flush=True)
+
+    def evaluate():
+        net.eval()
+        with torch.no_grad():
+            pred = net(x_te_t).float().argmax(1)
+        net.train()
+        return (pred == y_te_t).float().mean().item()
+
+    tx0, t0 = common.loopback_tx_bytes(), time.perf_counter()
+    steps = 0
+    gen = torch.Generator().manual_seed(args.seed + 1000 * rank)
+    for epoch in range(1, args.epochs + 1):
+        order = torch.randperm(len(y_tr_t), generator=gen)
+        total_loss, correct, seen = 0.0, 0, 0
+        for s in range(steps_per_epoch):
+            idx = order[s * args.batch_size:(s + 1) * args.batch_size]
+            xb, yb = x_tr_t[idx], y_tr_t[idx]
+            opt.zero_grad()
+            out = model(xb)
+            loss = F.cross_entropy(out.float(), yb)
+            loss.backward()
+            opt.step()
+            steps += 1
+            total_loss += loss.item() * len(yb)
+            correct += (out.argmax(1) == yb).sum().item()
+            seen += len(yb)
+        if rank == 0:
+            print(f"epoch {epoch:2d}/{args.epochs}  loss {total_loss / seen:.4f}  "
+                  f"train acc {correct / seen:.4f}  test acc {evaluate():.4f}", flush=True)
+    seconds = time.perf_counter() - t0
+    result = dict(common.wire_stats(tx0, common.loopback_tx_bytes(), steps),
+                  accuracy=evaluate(), steps=steps, seconds=seconds, digest=param_digest(net),
+                  param_bytes=sum(p.numel() * p.element_size() for p in net.parameters()))
+    if state is not None:
+        result["thc"] = dict(state.stats)
+        if rank == 0:
+            print(f"THC hook: {state.stats}", flush=True)
+    return common.finish(group, args, result)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
