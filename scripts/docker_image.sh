@@ -24,6 +24,9 @@
 # Starts dockerd when none runs and stops it at the end (docker/engine.sh). Layers are cached in
 # the engine's data root: a rebuild redoes only the steps whose inputs changed.
 set -euo pipefail
+# The whole script is one block: bash reads it before running it, so that an edit to this file
+# while a build runs cannot break that build.
+{
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 # shellcheck source=../docker/engine.sh
@@ -150,19 +153,40 @@ TensorFlow plugin ($mode_tf): make byteps with tensorflow in .venv, or FORK=sour
     [ -n "$so" ] && [ -z "$(find setup.py csrc/thc csrc/python -newer "$so" -type f | head -n 1)" ] ||
       _ddie "byteps_thc/_C*.so is missing or older than its sources: build it (make ext)"
   fi
-  cp byteps_thc/_C*.so docker/prebuilt/
+  so="$(ls byteps_thc/_C*.so | head -n 1)"
+  if ldd "$so" 2> /dev/null | grep -q 'libcudart'; then
+    # make ext linked the CUDA kernels (nvcc is here): the CPU image has no CUDA runtime, so it
+    # gets the same sources built by the same setup.py with THC_CUDA=0, apart from make ext's
+    # (cached on its inputs)
+    ekey="$( { "${PY:-.venv/bin/python}" -c 'import sys; print(sys.version)'
+               find setup.py csrc/thc csrc/python -type f | sort | xargs sha256sum; } |
+             sha256sum | cut -c1-16)"
+    edir="$ROOT/.cache/docker-ext/$ekey"
+    if ! ls "$edir"/byteps_thc/_C*.so > /dev/null 2>&1; then
+      _dlog "make ext linked CUDA: building the extension without it (THC_CUDA=0) for the CPU image"
+      rm -rf "$ROOT/.cache/docker-ext"
+      THC_CUDA=0 nice "${PY:-.venv/bin/python}" setup.py -q build_ext -j "${BYTEPS_BUILD_JOBS:-2}" \
+        --build-lib "$edir" \
+        --build-temp "$edir/tmp" > /tmp/byteps-thc-ext.log 2>&1 ||
+        { tail -n 20 /tmp/byteps-thc-ext.log >&2; _ddie "the CPU-only extension's build failed"; }
+    fi
+    so="$(ls "$edir"/byteps_thc/_C*.so | head -n 1)"
+  fi
+  cp "$so" docker/prebuilt/
   _dlog "FORK=prebuilt: $(cd docker/prebuilt && echo byteps-*.whl _C*.so) in $(( $(date +%s) - t0 )) s"
 fi
 
 # ---- build ------------------------------------------------------------------------------------
+LOG="/tmp/byteps-thc-image-${IMAGE//[^A-Za-z0-9_.-]/-}.log"
 t0=$(date +%s)
 [ "$OFFLINE" = 1 ] && how="docker/wheels/ only" || how="the index"
-_dlog "building $IMAGE (base $BASE; FORK=$FORK; pip from $how; log /tmp/byteps-thc-image.log)"
+_dlog "building $IMAGE (base $BASE; FORK=$FORK; pip from $how; log $LOG)"
 set +e
-"$DOCKER" build --progress=plain "${args[@]}" -t "$IMAGE" . > /tmp/byteps-thc-image.log 2>&1 &
+: > "$LOG"  # (the progress filter below must not read an older build's log)
+"$DOCKER" build --progress=plain "${args[@]}" -t "$IMAGE" . > "$LOG" 2>&1 &
 pid=$!
 # one line a finished step (its time, or CACHED) and the fork build's progress, not every line
-tail -n +1 -f /tmp/byteps-thc-image.log --pid=$pid 2> /dev/null | awk '
+tail -n +1 -f "$LOG" --pid=$pid 2> /dev/null | awk '
   match($0, /^#[0-9]+ \[/) { id = $1; if (!(id in step)) step[id] = substr($0, length(id) + 2, 100); next }
   $2 == "DONE" && (($1) in step) { printf "[docker build] %s  %s\n", $3, step[$1]; fflush(); next }
   $2 == "CACHED" && (($1) in step) { printf "[docker build] CACHED %s\n", step[$1]; fflush(); next }
@@ -171,8 +195,10 @@ tail -n +1 -f /tmp/byteps-thc-image.log --pid=$pid 2> /dev/null | awk '
 wait $pid; rc=$?
 set -e
 if [ $rc -ne 0 ]; then
-  grep -v '^WARNING: Location' /tmp/byteps-thc-image.log | tail -n 40 >&2
-  _ddie "docker build failed (exit $rc; log: /tmp/byteps-thc-image.log)"
+  grep -v '^WARNING: Location' "$LOG" | tail -n 40 >&2
+  _ddie "docker build failed (exit $rc; log: $LOG)"
 fi
 size="$("$DOCKER" image inspect -f '{{.Size}}' "$IMAGE")"
 _dlog "built $IMAGE in $(( $(date +%s) - t0 )) s ($(( size / 1000000 )) MB); $(( $(date +%s) - t_start )) s in all"
+exit 0
+}
