@@ -84,7 +84,7 @@ RUN --mount=type=bind,from=runtime,source=/opt/byteps-thc/.venv,target=/opt/byte
     --mount=type=secret,id=hostca,target=/run/secrets/hostca \
     . docker/pip-env.sh \
     && BYTEPS_THC_CPU_ONLY=$BYTEPS_THC_CPU_ONLY BYTEPS_THC_TENSORFLOW=$BYTEPS_THC_TENSORFLOW \
-       BYTEPS_BUILD_JOBS=$BYTEPS_BUILD_JOBS PY=.venv/bin/python \
+       BYTEPS_BUILD_JOBS=$BYTEPS_BUILD_JOBS PY=/opt/byteps-thc/.venv/bin/python \
        scripts/build_byteps.sh --target /tmp/fork --wheel /out \
     && rm -rf .cache /tmp/fork
 
