@@ -165,8 +165,7 @@ TensorFlow plugin ($mode_tf): make byteps with tensorflow in .venv, or FORK=sour
     if ! ls "$edir"/byteps_thc/_C*.so > /dev/null 2>&1; then
       _dlog "make ext linked CUDA: building the extension without it (THC_CUDA=0) for the CPU image"
       rm -rf "$ROOT/.cache/docker-ext"
-      THC_CUDA=0 nice "${PY:-.venv/bin/python}" setup.py -q build_ext -j "${BYTEPS_BUILD_JOBS:-2}" \
-        --build-lib "$edir" \
+      THC_CUDA=0 nice "${PY:-.venv/bin/python}" setup.py -q build_ext --build-lib "$edir" \
         --build-temp "$edir/tmp" > /tmp/byteps-thc-ext.log 2>&1 ||
         { tail -n 20 /tmp/byteps-thc-ext.log >&2; _ddie "the CPU-only extension's build failed"; }
     fi
