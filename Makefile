@@ -2,7 +2,6 @@
 # Every target installs what it needs from nothing (apt packages, .venv/), and is idempotent.
 SHELL := /bin/bash
 PY    := .venv/bin/python
-PIP   := .venv/bin/pip
 VENV  := .venv/.stamp
 EXT   := byteps_thc/.ext-stamp
 
@@ -23,13 +22,11 @@ help:
 	@echo "make test-mxnet - MXNet in its own environment (.cache/venv-mxnet; not part of make test)"
 
 venv: $(VENV)
-$(VENV): requirements.txt
-	@test -x $(PY) || python3 -m venv .venv
-	$(PIP) install -q --disable-pip-version-check -r requirements.txt
-	@# byteps_thc is used in place (make ext builds _C here): make it importable from the venv,
-	@# so that the fork's bpslaunch and `python -m byteps_thc...` work from any directory.
-	@$(PY) -c 'import site, os; open(os.path.join(site.getsitepackages()[0], "byteps_thc.pth"), "w").write(os.getcwd() + "\n")'
-	@touch $@
+# scripts/venv.sh: python3 -m venv, pip install -r requirements.txt, and byteps_thc (used in place:
+# make ext builds _C here) importable from the venv, so that the fork's bpslaunch and
+# `python -m byteps_thc...` work from any directory. The Docker image runs the same script.
+$(VENV): requirements.txt scripts/venv.sh
+	@scripts/venv.sh
 
 ext: $(EXT)
 $(EXT): $(VENV) setup.py $(shell find csrc/thc csrc/lhc csrc/python -type f 2>/dev/null)

@@ -4,13 +4,16 @@
 #   + our patch series csrc/byteps/patches/*.patch (applied in name order)
 #   + our sources: every file under csrc/byteps/src/ (same relative path in the tree)
 #     and the codec core csrc/thc/*.{h,cc} (into thc/ of the tree)
-# -> the server and the PyTorch plugin, built in .cache/byteps/build/ and installed with pip.
+# -> the server and the PyTorch plugin, built as a wheel in .cache/byteps/build/KEY/dist/ and
+#    installed from that wheel with pip (the wheel stays: the Docker image installs the same one).
 #
 # Cached and idempotent: a stamp keyed on the sdist hash, the patches, our sources, this script,
 # the mode and the Python/torch versions; nothing is rebuilt while the key is unchanged.
 # Offline apart from the package index: ZeroMQ comes from the tarball the sdist bundles.
 #
-# Usage: scripts/build_byteps.sh [--server-only] [--target DIR] [--force]
+# Usage: scripts/build_byteps.sh [--server-only] [--target DIR] [--force] [--wheel DIR]
+#          (--wheel DIR: also copy the wheel that is installed into DIR; built again if the
+#          install is up to date but its wheel is gone)
 #        scripts/build_byteps.sh --target DIR --without NNNN[,NNNN]  # the series minus those patches
 #          (a test variant, e.g. to show a fix's test failing without it; needs --target, never
 #          .venv; built in .cache/byteps/build-without-NNNN/, apart from the normal build)
@@ -44,16 +47,17 @@ export BYTEPS_BUILD_JOBS="${BYTEPS_BUILD_JOBS:-2}"
 log() { echo "[build_byteps] $*" >&2; }
 die() { echo "[build_byteps] error: $*" >&2; exit 1; }
 
-server_only=0; target=""; force=0; devtree=""; export_dir=""; without=""
+server_only=0; target=""; force=0; devtree=""; export_dir=""; without=""; wheel_dir=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --server-only) server_only=1 ;;
     --target) target="$(mkdir -p "$2" && cd "$2" && pwd)"; shift ;;
     --force) force=1 ;;
+    --wheel) wheel_dir="$(mkdir -p "$2" && cd "$2" && pwd)"; shift ;;
     --without) without="${without:+$without,}$2"; shift ;;
     --devtree) devtree="$2"; shift ;;
     --export) export_dir="$2"; shift ;;
-    -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
     *) die "unknown argument $1" ;;
   esac
   shift
@@ -173,17 +177,30 @@ for d in ("tensorflow", "tensorflow-cpu", "keras", "mxnet"):
 
 dest="${target:-$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')}"
 stamp="$dest/.byteps-thc-build.stamp"
-up_to_date() { [ "$force" = 0 ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$key" ] && [ -d "$dest/byteps" ]; }
+builds="$CACHE/build${without:+-without-${without//,/-}}"  # a variant never touches the normal tree
+[ "$with_mx" != 1 ] || builds="$builds-mxnet"  # nor does MXNet's (each cleans only its own)
+work="$builds/$key"
+wheel() { ls "$work"/dist/byteps-*.whl 2> /dev/null | head -n 1; }
+up_to_date() {
+  [ "$force" = 0 ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$key" ] && [ -d "$dest/byteps" ] &&
+    { [ -z "$wheel_dir" ] || [ -n "$(wheel)" ]; }
+}
+copy_wheel() {
+  [ -n "$wheel_dir" ] || return 0
+  find "$wheel_dir" -maxdepth 1 -name 'byteps-*.whl' -delete
+  # byteps.key: the build's key and mode (scripts/docker_image.sh checks the mode it needs)
+  cp "$(wheel)" "$wheel_dir/" && echo "$key cpu_only=$BYTEPS_THC_CPU_ONLY tensorflow=$with_tf" \
+    > "$wheel_dir/byteps.key"
+  log "wheel $(basename "$(wheel)") -> $wheel_dir"
+}
 if up_to_date; then
   log "up to date ($mode, key $key)"
+  copy_wheel
   exit 0
 fi
 
 # ---- prepare the tree ------------------------------------------------------------------------
 start=$(date +%s)
-builds="$CACHE/build${without:+-without-${without//,/-}}"  # a variant never touches the normal tree
-[ "$with_mx" != 1 ] || builds="$builds-mxnet"  # nor does MXNet's (each cleans only its own)
-work="$builds/$key"
 # One build of a tree at a time (two builds in one checkout deleted each other's files); the
 # second waits, then finds the first one's install if it was the same.
 mkdir -p "$builds"
@@ -191,6 +208,7 @@ exec 9> "$builds.lock"
 if ! flock -n 9; then log "another build of $builds is running; waiting for it"; flock 9; fi
 if up_to_date; then
   log "up to date ($mode, key $key, built meanwhile)"
+  copy_wheel
   exit 0
 fi
 [ -z "$without" ] || mode="$mode, without patch ${without//,/, }"
@@ -238,11 +256,14 @@ if [ "$with_tf" = 1 ]; then unset BYTEPS_WITHOUT_TENSORFLOW; export BYTEPS_WITH_
 if [ "$server_only" = 0 ] && [ "$with_mx" = 1 ]; then
   unset BYTEPS_WITHOUT_MXNET BYTEPS_WITH_PYTORCH; export BYTEPS_WITHOUT_PYTORCH=1 BYTEPS_WITH_MXNET=1
 fi
-pip_args=(install --no-build-isolation --no-deps --no-cache-dir --disable-pip-version-check -v)
-[ -n "$target" ] && pip_args+=(--target "$target" --upgrade)
+# A wheel first, then an install of that wheel (what `pip install .` does, with the wheel kept)
+pip_args=(--no-deps --no-cache-dir --disable-pip-version-check)
+inst_args=(install "${pip_args[@]}")
+[ -n "$target" ] && inst_args+=(--target "$target" --upgrade)
 log "compiling (full log: $work/build.log)"
 set +e
-nice "$PY" -m pip "${pip_args[@]}" . > build.log 2>&1 &
+{ nice "$PY" -m pip wheel --no-build-isolation "${pip_args[@]}" -v -w dist . &&
+    "$PY" -m pip "${inst_args[@]}" dist/byteps-*.whl; } > build.log 2>&1 &
 pid=$!
 tail -n +1 -f build.log --pid=$pid 2>/dev/null |
   grep --line-buffered -E '\[byteps-thc build\]|INFO: |error:|Error:|Successfully installed' |
@@ -261,5 +282,6 @@ fi
 find "$builds" -mindepth 1 -maxdepth 1 ! -name "$key" -exec rm -rf {} +
 echo "$key" > "$stamp"
 log "installed into $dest in $(( $(date +%s) - start )) s ($mode)"
+copy_wheel
 exit 0
 }

@@ -7,18 +7,21 @@
 #      container must exit 0, both workers must print the same parameter digest, and the test
 #      accuracy must be at least MIN_ACC;
 #   4. `docker run --rm IMAGE bpslaunch --local 2 --compressor thc -- python
-#      example/pytorch/train_digits.py` (a whole cluster in one container), checked the same way.
+#      example/pytorch/train_digits.py` (a whole cluster in one container), checked the same way;
+#   5. with TF=1 (the image byteps-thc:cpu-tf), the same with example/tensorflow/train_digits.py.
 # Containers and the network are removed on every path (failure, Ctrl-C, TERM). Starts dockerd
 # when none runs, and stops it at the end.
-# Environment: IMAGE (byteps-thc:cpu), SKIP_BUILD=1 (use IMAGE as it is), MIN_ACC (0.9),
-#   CLUSTER_TIMEOUT_S (900: the cluster must finish within it, else it fails naming the laggards).
+# Environment: TF=1 (TensorFlow too), IMAGE (byteps-thc:cpu, byteps-thc:cpu-tf with TF=1),
+#   SKIP_BUILD=1 (use IMAGE as it is), MIN_ACC (0.9), CLUSTER_TIMEOUT_S (900: the cluster must
+#   finish within it, else it fails naming the laggards); FORK, PY, ... as scripts/docker_image.sh.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 # shellcheck source=../docker/engine.sh
 . docker/engine.sh
 
-IMAGE="${IMAGE:-byteps-thc:cpu}"
+TF="${TF:-0}"
+[ "$TF" = 1 ] && IMAGE="${IMAGE:-byteps-thc:cpu-tf}" || IMAGE="${IMAGE:-byteps-thc:cpu}"
 MIN_ACC="${MIN_ACC:-0.9}"
 CLUSTER_TIMEOUT_S="${CLUSTER_TIMEOUT_S:-900}"
 RUN_ID="bpsthc-test-$$"
@@ -52,7 +55,7 @@ if [ "${SKIP_BUILD:-0}" = 1 ]; then
   "$DOCKER" image inspect "$IMAGE" > /dev/null 2>&1 || fail "SKIP_BUILD=1 but there is no $IMAGE"
 else
   t=$(date +%s)
-  IMAGE="$IMAGE" scripts/docker_image.sh
+  IMAGE="$IMAGE" TF="$TF" scripts/docker_image.sh
   log "image: $(elapsed "$t")"
 fi
 
@@ -134,18 +137,22 @@ cat "$LOGS/worker0.log" "$LOGS/worker1.log" > "$LOGS/workers.log"
 check_training "4 containers" 2 "$LOGS/workers.log"
 log "4 containers: all exited 0, $(elapsed "$t")"
 
-# ---- 4. bpslaunch --local 2 in one container --------------------------------------------------
-t=$(date +%s)
-set +e
-"$DOCKER" run --rm --name "$RUN_ID-local" --label "byteps-thc-test=$RUN_ID" "$IMAGE" \
-  bpslaunch --local 2 --compressor thc -- python example/pytorch/train_digits.py \
-  > "$LOGS/local.log" 2>&1
-rc=$?
-set -e
-if [ $rc -ne 0 ]; then
-  tail -n 30 "$LOGS/local.log" >&2
-  fail "docker run IMAGE bpslaunch --local 2 exited with $rc (log: $LOGS/local.log)"
-fi
-check_training "bpslaunch --local 2" 2 "$LOGS/local.log"
-log "bpslaunch --local 2 in one container: exit 0, $(elapsed "$t")"
+# ---- 4. (5.) bpslaunch --local 2 in one container ---------------------------------------------
+local2() {  # FRAMEWORK: example/FRAMEWORK/train_digits.py in one container, checked
+  local what="bpslaunch --local 2 ($1)" log="$LOGS/local-$1.log" rc t
+  t=$(date +%s)
+  set +e
+  "$DOCKER" run --rm --name "$RUN_ID-local" --label "byteps-thc-test=$RUN_ID" "$IMAGE" \
+    bpslaunch --local 2 --compressor thc -- python "example/$1/train_digits.py" > "$log" 2>&1
+  rc=$?
+  set -e
+  if [ $rc -ne 0 ]; then
+    tail -n 30 "$log" >&2
+    fail "docker run IMAGE $what exited with $rc (log: $log)"
+  fi
+  check_training "$what" 2 "$log"
+  log "$what in one container: exit 0, $(elapsed "$t")"
+}
+local2 pytorch
+[ "$TF" = 0 ] || local2 tensorflow
 log "passed in $(elapsed)"
