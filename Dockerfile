@@ -71,6 +71,7 @@ COPY docker/pip-env.sh docker/pip-env.sh
 # the codec extension: make ext's command, from its inputs alone
 COPY setup.py setup.py
 COPY csrc/thc csrc/thc
+COPY csrc/lhc csrc/lhc
 COPY csrc/python csrc/python
 RUN --mount=type=bind,from=runtime,source=/opt/byteps-thc/.venv,target=/opt/byteps-thc/.venv \
     mkdir -p byteps_thc /out \
