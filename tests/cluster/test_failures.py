@@ -11,8 +11,9 @@ tf_failures.py are the workers):
   the halved scale from k on): the skipped step left no trace in THC's error-feedback state or
   step counter;
 - BYTEPS_THC_NONFINITE=error: the NaN raises on both workers, the worker that had it names itself;
-- fail_cluster() with a push_pull pending: it raises with the reason, and so does every later one;
-  the workers then exit without waiting for each other.
+- fail_cluster() with push_pulls pending (in the pipeline, and a new tensor's first push): they
+  raise with the reason, and so does every later one; the workers then exit without waiting for
+  each other.
 """
 import json
 import os
@@ -120,8 +121,9 @@ def test_nonfinite_error_mode_raises_naming_the_worker(tmp_path):
 def test_fail_cluster_fails_pending_and_later_push_pulls(tmp_path):
     code, log = torch_run(tmp_path, "fail-cluster")
     assert code == 0, log[-4000:]
-    pending = (tmp_path / "pending_0.txt").read_text()
-    assert pending.startswith("RuntimeError: ") and "node 1 declared dead" in pending, pending
+    for name in ("pending", "fresh"):  # in the pipeline; in a new tensor's first push
+        text = (tmp_path / f"{name}_0.txt").read_text()
+        assert text.startswith("RuntimeError: ") and "node 1 declared dead" in text, text
     for r, peer in ((0, 1), (1, 0)):
         later = (tmp_path / f"later_{r}.txt").read_text()
         assert f"node {peer} declared dead" in later and "the cluster has failed" in later, later

@@ -10,8 +10,9 @@ MODE:
                   gradient on --inject-rank at step K, --skip-step K leaves step K out and halves
                   the scale there instead. Writes OUT_DIR/amp_<rank>.json.
   nonfinite-error a NaN on rank 1 at step 1 under BYTEPS_THC_NONFINITE=error: step() must raise.
-  fail-cluster    rank 0 has a push_pull pending (rank 1 holds back) when fail_cluster() is
-                  called: synchronize() and every later push_pull must raise.
+  fail-cluster    rank 0 has push_pulls pending (rank 1 holds back: one in the pipeline, one of a
+                  new tensor in its first push) when fail_cluster() is called: synchronize()
+                  and every later push_pull must raise.
 """
 import argparse
 import hashlib
@@ -115,8 +116,12 @@ elif args.mode == "fail-cluster":
     opt = distributed(model, bps.Compression.thc())
     plain_step(model, opt, 0)  # every tensor initialised and registered
     if rank == 0:
+        from byteps.torch import ops
+        # a new tensor: its first push waits in BytePS's InitTensor for rank 1, which never comes
+        fresh = ops.push_pull_async(torch.ones(1 << 16), average=True, name="fresh")
         threading.Timer(2.0, bt.fail_cluster, args=("test: node 1 declared dead",)).start()
         ok = caught("pending", lambda: plain_step(model, opt, 1))  # rank 1 never pushes step 1
+        ok = caught("fresh", lambda: ops.synchronize(fresh)) and ok
         ok = caught("later", lambda: plain_step(model, opt, 2)) and ok
     else:
         time.sleep(6.0)  # what a watchdog would see: the peer stopped; fail ourselves
