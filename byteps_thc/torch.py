@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import collections.abc
 import contextlib
+import ctypes
 from typing import Dict, Mapping, Optional, Tuple
 
 import torch
@@ -135,6 +136,32 @@ def declare(name: str, kwargs: Optional[Mapping[str, str]] = None) -> None:
         raise RuntimeError(
             "this BytePS build cannot declare tensors with compressor kwargs (byteps.torch.ops."
             "declare(name, **kwargs)); rebuild it with `make byteps`") from e
+
+
+# ------------------------------------------------------------------------------------------------
+# Cluster failure (csrc/byteps/src/byteps/common/thc_failure.h)
+# ------------------------------------------------------------------------------------------------
+def _failure_lib():
+    lib = _ops()._basics.C_LIB_CTYPES
+    if not hasattr(lib, "byteps_thc_fail_cluster"):
+        raise RuntimeError("this BytePS build has no byteps_thc_fail_cluster (patch 0044); "
+                           "rebuild it with `make byteps`")
+    return lib
+
+
+def fail_cluster(why: str) -> None:
+    """Fail this worker's cluster: every push_pull in flight and every later one raises
+    RuntimeError carrying `why`, and BytePS's shutdown no longer waits for the other nodes.
+    The first reason wins."""
+    _failure_lib().byteps_thc_fail_cluster(ctypes.c_char_p(str(why).encode()))
+
+
+def cluster_failure() -> Optional[str]:
+    """The reason the cluster failed (fail_cluster, a dead node, a stall), or None."""
+    buf = ctypes.create_string_buffer(4096)
+    if not _failure_lib().byteps_thc_cluster_failed(buf, ctypes.c_int(len(buf))):
+        return None
+    return buf.value.decode(errors="replace")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -245,15 +272,23 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                     p.grad = torch.zeros_like(p)
                 handle, ctx = self._push_pull_grad_async(p)
                 self._handles[key] = (handle, ctx, p)
+        failed = None
         for key, (handle, (ctx, tensor), p) in list(self._handles.items()):
-            output = ops.synchronize(handle)
+            self._delay[key] = self.backward_passes_per_step
+            try:
+                output = ops.synchronize(handle)
+            except RuntimeError as e:
+                # a failed push_pull (thc_failure.h): wait for the others, then raise the first
+                failed = failed or e
+                continue
             if output is None:
                 output = tensor
-            self._delay[key] = self.backward_passes_per_step
             result = self._compression.decompress(output, ctx)
             if result is not p.grad:
                 p.grad.copy_(result)
         self._handles.clear()
+        if failed is not None:
+            raise failed
 
     @contextlib.contextmanager
     def skip_synchronize(self):
