@@ -174,6 +174,7 @@ void Check(Van* van, bool scheduler, int timeout, Clock::time_point start) {
 void Run(Van* van, int interval, int timeout) {
   State& g = G();
   const bool scheduler = Postoffice::Get()->is_scheduler();
+  const Node me = van->my_node();  // ready now (Start runs once the van is)
   const auto start = Clock::now();
   auto next_beat = start;
   std::unique_lock<std::mutex> lk(g.mu);
@@ -183,7 +184,7 @@ void Run(Van* van, int interval, int timeout) {
       Message msg;
       msg.meta.recver = kScheduler;
       msg.meta.control.cmd = Control::HEARTBEAT;
-      msg.meta.control.node.push_back(van->my_node());
+      msg.meta.control.node.push_back(me);
       msg.meta.timestamp = van->GetTimestamp();
       van->Send(msg);
       lk.lock();
