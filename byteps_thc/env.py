@@ -212,8 +212,8 @@ STALL_WARN = Setting("BYTEPS_THC_STALL_WARN", 60.0, parse_seconds,
                      "seconds a THC round may wait before the server names the workers that "
                      "have not pushed (0 = never)")
 STALL_TIMEOUT = Setting("BYTEPS_THC_STALL_TIMEOUT", 0.0, parse_seconds,
-                        "seconds after which the server fails a waiting THC round and every "
-                        "later one of its key (0 = never; bpslaunch --stall-timeout)")
+                        "seconds after which the server fails a waiting THC round, and then "
+                        "exits, ending the cluster (0 = never; bpslaunch --stall-timeout)")
 
 # Variables a local cluster decides itself (whatever the caller's environment says is dropped)
 CLUSTER_OWNED = tuple(s.name for s in (

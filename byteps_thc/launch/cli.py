@@ -67,7 +67,8 @@ environment read by BytePS and this launcher (set them for a real multi-machine 
                                dead node and exit 1; servers and the scheduler exit 1.
   BYTEPS_THC_STALL_WARN        a THC round waiting this long is logged by the server with the
                                workers that have not pushed (default {env.STALL_WARN.default:g} s)
-  BYTEPS_THC_STALL_TIMEOUT     ... and failed after this long (default 0 = never; --stall-timeout)
+  BYTEPS_THC_STALL_TIMEOUT     ... and failed after this long, the server then exiting 1
+                               (default 0 = never; --stall-timeout)
   BYTEPS_TRACE_ON=1, BYTEPS_TRACE_DIR, BYTEPS_TRACE_START_STEP, BYTEPS_TRACE_END_STEP  profiling
 
 examples:

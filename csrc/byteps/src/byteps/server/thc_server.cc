@@ -339,7 +339,7 @@ void InspectRound(uint64_t key, const char* kind, ThcKey* k, Round* round, Stall
     return;
   }
   os << ": the round failed after BYTEPS_THC_STALL_TIMEOUT=" << stall_settings_.timeout_s
-     << " s, and so does every later round of this key; find out why those workers stopped "
+     << " s; the server exits, which ends the cluster; find out why those workers stopped "
      << "(their own logs say what they wait for)";
   const std::string msg = os.str();
   LOG(ERROR) << msg;
@@ -351,6 +351,7 @@ void InspectRound(uint64_t key, const char* kind, ThcKey* k, Round* round, Stall
     Respond(req, req_data, MakeError(msg, round->completed + 1), stall_server_);
   }
   round->pending.clear();
+  EndAfterStall(msg);
 }
 
 void InspectStalls() {

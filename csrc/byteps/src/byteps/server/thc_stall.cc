@@ -1,8 +1,11 @@
 // byteps-thc: the server's stall inspector (see thc_stall.h).
 #include "thc_stall.h"
 
+#include <unistd.h>
+
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
 #include <mutex>
 #include <sstream>
@@ -82,6 +85,18 @@ std::set<int> MissingWorkers(const std::set<int>& pushed) {
 
 double StallNow() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+void EndAfterStall(const std::string& why) {
+  static std::once_flag once;
+  std::call_once(once, [&why] {
+    std::thread([why] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(kStallExitDelayMs));
+      LOG(ERROR) << "byteps-thc server: exiting with status 1 after a stall timeout: " << why;
+      std::fflush(stderr);
+      _exit(1);
+    }).detach();
+  });
 }
 
 namespace {

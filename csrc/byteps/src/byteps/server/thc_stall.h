@@ -5,7 +5,10 @@
 // logged once, naming the workers that have not pushed and those that have; after
 // BYTEPS_THC_STALL_TIMEOUT seconds (default 0 = never) it fails: every worker waiting for it gets
 // the message as its push_pull's error, and every later round of that key fails too (a late push
-// of the stalled round would otherwise be summed into another round).
+// of the stalled round would otherwise be summed into another round). The server then exits with
+// status 1 (EndAfterStall): the cluster cannot go on, and its death is what tells the workers
+// that are not waiting on it (a worker blocked elsewhere, one at its finalize barrier) through
+// ps-lite's dead-node detection, which then ends the scheduler too.
 #ifndef BYTEPS_SERVER_THC_STALL_H
 #define BYTEPS_SERVER_THC_STALL_H
 
@@ -45,6 +48,11 @@ std::string DescribeWorkers(const std::set<int>& node_ids);
 std::set<int> MissingWorkers(const std::set<int>& pushed);
 // Seconds on a steady clock.
 double StallNow();
+
+// Once per process: the responses already queued get kStallExitDelayMs to leave, then the process
+// ends with status 1 (_exit: handler threads may be blocked on the stalled round).
+void EndAfterStall(const std::string& why);
+constexpr int kStallExitDelayMs = 2000;
 
 // Starts, once per process, a thread that calls `look` every second.
 void StartStallInspector(std::function<void()> look);
