@@ -196,6 +196,16 @@ class RegistryCompressor(Compressor):
         return f"Compression.{self.name}({', '.join(f'{k}={v}' for k, v in self._kwargs.items())})"
 
 
+def thc_kwargs(config: ThcConfig, environ: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
+    """The kwargs a THC tensor is declared with: the configuration's, and thc_nonfinite=error when
+    BYTEPS_THC_NONFINITE says so (absent means propagate). The server refuses a key whose
+    workers disagree on it, as on the configuration."""
+    kw = config.to_kwargs()
+    if env.THC_NONFINITE.get(environ) != env.THC_NONFINITE.default:
+        kw["thc_nonfinite"] = env.THC_NONFINITE.get(environ)
+    return kw
+
+
 class ThcMixin:
     """THC: table indices up, integer sums down (docs/ALGORITHM.md). Put in front of an adapter's
     RegistryCompressor: carries one ThcConfig, declared as `config.to_kwargs()`, which the server
@@ -204,6 +214,10 @@ class ThcMixin:
     def __init__(self, config: ThcConfig):
         self.config = thc_config(config=config)
         super().__init__("thc", self.config.to_kwargs())
+
+    def kwargs(self, tensor, environ: Optional[Mapping[str, str]] = None):
+        kw = super().kwargs(tensor, environ)
+        return None if kw is None else thc_kwargs(self.config, environ)
 
     def __repr__(self):
         return thc_repr(self.config)

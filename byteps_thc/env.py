@@ -157,6 +157,9 @@ THC_ROTATION_BLOCK = Setting("BYTEPS_THC_ROTATION_BLOCK", None, parse_optional_i
                              "Hadamard block, a power of two (0 = the whole partition)")
 THC_ERROR_FEEDBACK = Setting("BYTEPS_THC_ERROR_FEEDBACK", None, parse_bool,
                              "1 | 0: THC's error feedback")
+THC_NONFINITE = Setting("BYTEPS_THC_NONFINITE", "propagate", parse_choice("propagate", "error"),
+                        "propagate | error: a NaN/Inf gradient in a THC partition makes that "
+                        "step's result NaN/inf on every worker (as uncompressed), or raises")
 THC: Dict[str, Setting] = {
     "bits": THC_BITS,
     "granularity": THC_GRANULARITY,

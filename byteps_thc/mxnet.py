@@ -23,7 +23,7 @@ from typing import Mapping, Optional
 
 from . import compression as _c
 from . import env
-from .compression import THC_PARAMS, thc_config, thc_repr
+from .compression import THC_PARAMS, thc_config, thc_kwargs, thc_repr
 from .config import ThcConfig
 
 
@@ -35,7 +35,7 @@ class ThcCompression:
         self.config = thc_config(config=config)
 
     def kwargs(self) -> dict:
-        return self.config.to_kwargs()
+        return thc_kwargs(self.config)
 
     def __repr__(self):
         return thc_repr(self.config)

@@ -16,6 +16,8 @@ from byteps_thc.launch import free_ports
 from byteps_thc.launch.supervisor import kill_groups
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+FORK_DIR = os.path.abspath(os.environ["BYTEPS_THC_FORK_DIR"]) \
+    if os.environ.get("BYTEPS_THC_FORK_DIR") else ""
 
 
 pytestmark = pytest.mark.needs_fork
@@ -27,7 +29,8 @@ def bpslaunch(args, timeout=240, env=None, cwd=ROOT, prefix=()):
     SIGKILL, and the test fails."""
     e = dict(os.environ if env is None else env)
     paths = [p for p in e.get("PYTHONPATH", "").split(os.pathsep) if p]
-    e["PYTHONPATH"] = os.pathsep.join([ROOT] + paths)
+    # BYTEPS_THC_FORK_DIR (tests/conftest.py): every process imports byteps from that build
+    e["PYTHONPATH"] = os.pathsep.join([p for p in (FORK_DIR, ROOT) if p] + paths)
     e.pop("BYTEPS_COMPRESSOR", None)
     t0 = time.monotonic()
     p = subprocess.Popen(list(prefix) + [sys.executable, "-m", "byteps_thc.launch"] + list(args),

@@ -161,13 +161,47 @@ def test_norm_round_returns_max(cluster):
             h, body = tc.parse_reply(r)
             assert h["status"] == 0, body
             assert struct.unpack("<d", body)[0] == max(norms)
-    # a non-finite norm fails that round for everyone, names the key; the next round works
-    bad = [struct.pack("<Qd", fp, float("nan"))] + [struct.pack("<Qd", fp, 1.0)] * (n - 1)
-    for r in k.round(bad, cmd_type=tc.THC_NORM, dtype=tc.FLOAT64, capacity=2048):
-        assert f"THC key {20 << 16}" in error_of(r) and "finite" in error_of(r)
+    # non-finite norms propagate as in an uncompressed sum: NaN wins over inf, inf over numbers
+    nan, inf = float("nan"), float("inf")
+    for norms, want in (([nan] + [1.0] * (n - 1), "nan"), ([1.0] * (n - 1) + [inf], "inf"),
+                        ([inf] + [1.0] * (n - 2) + [nan], "nan")):
+        replies = k.round([struct.pack("<Qd", fp, v) for v in norms], cmd_type=tc.THC_NORM,
+                          dtype=tc.FLOAT64, capacity=2048)
+        for r in replies:
+            h, body = tc.parse_reply(r)
+            assert h["status"] == 0, body
+            assert repr(struct.unpack("<d", body)[0]) == want, (norms, body)
     replies = k.round([struct.pack("<Qd", fp, 2.0)] * n, cmd_type=tc.THC_NORM, dtype=tc.FLOAT64,
                       capacity=2048)
     assert struct.unpack("<d", tc.parse_reply(replies[0])[1])[0] == 2.0
+
+
+def test_norm_round_nonfinite_error_mode(cluster):
+    """thc_nonfinite=error (BYTEPS_THC_NONFINITE): a non-finite norm fails that round for everyone,
+    naming the key and the sender; the next round works. Workers that disagree on the mode are
+    refused at registration."""
+    n = cluster.n
+    kw = dict(ThcConfig().to_kwargs(), thc_nonfinite="error")
+    key = 21 << 16
+    k = Key(cluster, key, 4096, kw)
+    fp = k.fingerprint()[0]
+    bad = [struct.pack("<Qd", fp, float("nan"))] + [struct.pack("<Qd", fp, 1.0)] * (n - 1)
+    for r in k.round(bad, cmd_type=tc.THC_NORM, dtype=tc.FLOAT64, capacity=2048):
+        msg = error_of(r)
+        assert f"THC key {key}: norm push from node" in msg and "is nan" in msg, msg
+        assert "BYTEPS_THC_NONFINITE=error" in msg, msg
+    replies = k.round([struct.pack("<Qd", fp, 2.0)] * n, cmd_type=tc.THC_NORM, dtype=tc.FLOAT64,
+                      capacity=2048)
+    assert struct.unpack("<d", tc.parse_reply(replies[0])[1])[0] == 2.0
+    key = 22 << 16
+    k = Key(cluster, key, 4096)
+    k.kwargs = kw
+    k.register([kw] * (n - 1) + [ThcConfig().to_kwargs()])
+    for r in k.round([struct.pack("<Qd", fp, 1.0)] * n, cmd_type=tc.THC_NORM, dtype=tc.FLOAT64,
+                     capacity=2048):
+        msg = error_of(r)
+        assert f"THC key {key}: registration refused" in msg and "BYTEPS_THC_NONFINITE" in msg
+        assert "declared thc_nonfinite=" in msg and "propagate" in msg and "error" in msg, msg
 
 
 def test_uncompressed_key_still_sums(cluster):
@@ -289,9 +323,10 @@ def _key_seed(seed, key):
     return splitmix64(seed ^ splitmix64(key ^ 0x7468635F6B657921))
 
 
-def _check_pipeline(out, n, steps, declared_key, xin, yout, part_elems, cast):
+def _check_pipeline(out, n, steps, declared_key, xin, yout, part_elems, cast, skipped=()):
     """Each partition of each worker's output == n * decode(sum of encodes) with the codec, bit
-    for bit: per-key seed, rank = the worker's rank, EF and step carried across steps."""
+    for bit: per-key seed, rank = the worker's rank, EF and step carried across steps.
+    (step, partition) in `skipped`: a NaN there, so every output is NaN and no codec encodes."""
     cfg = ThcConfig()
     codecs = {}
     for step in range(steps):
@@ -303,6 +338,10 @@ def _check_pipeline(out, n, steps, declared_key, xin, yout, part_elems, cast):
             key = (declared_key << 16) + p
             c = ThcConfig(seed=_key_seed(cfg.seed, key))
             cs = codecs.setdefault(p, [byteps_thc.ThcCodec(c, hi - lo, rank=r) for r in range(n)])
+            if (step, p) in skipped:
+                for r in range(n):
+                    assert np.isnan(ys[r][lo:hi]).all(), f"{yout} step {step} partition {p}"
+                continue
             m = max(cs[r].norm(xs[r][lo:hi]) for r in range(n))
             agg = byteps_thc.ThcAggregator(c, hi - lo, n)
             for r in range(n):
@@ -321,7 +360,9 @@ def _run_local(n, tmp_path, steps, d, part_bytes, extra_env=None, timeout=300, s
     import signal
     import subprocess
     env = dict(os.environ, BYTEPS_PARTITION_BYTES=str(part_bytes), **(extra_env or {}))
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    fork = os.environ.get("BYTEPS_THC_FORK_DIR")  # tests/conftest.py: byteps from that build
+    env["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [fork and os.path.abspath(fork), str(ROOT), env.get("PYTHONPATH")]))
     cmd = [sys.executable, "-m", "byteps_thc.launch", "--local", str(n), "--servers", str(servers),
            "--timeout", "240", "--",
            sys.executable, str(ROOT / "tests" / "cluster" / "client" / "worker_pipeline.py"),
@@ -350,11 +391,30 @@ def test_worker_fails_with_message_on_mismatched_config(tmp_path):
 
 @pytest.mark.needs_fork
 def test_worker_fails_with_message_on_nan_gradient(tmp_path):
-    """A NaN in one worker's THC gradient: that worker fails with a message naming the tensor."""
-    rc, log = _run_local(2, tmp_path, 1, 300_000, 1024000, {"THC_TEST_NAN_RANK": "1"}, timeout=200)
+    """A NaN in one worker's THC gradient under thc_nonfinite=error: that worker fails with a
+    message naming the tensor and itself."""
+    rc, log = _run_local(2, tmp_path, 1, 300_000, 1024000,
+                         {"THC_TEST_NAN_RANK": "1", "THC_TEST_NONFINITE": "error"}, timeout=200)
     assert rc != 0, log[-3000:]
     assert "THC: tensor 'byteps.thc_f32_0' (key 0" in log and "non-finite gradient" in log, \
         log[-3000:]
+
+
+@pytest.mark.needs_fork
+def test_worker_pipeline_nan_step_skipped_without_trace(tmp_path):
+    """BYTEPS_THC_NONFINITE=propagate (the default): a NaN in one worker's partition at step 1
+    makes that partition's result NaN on every worker; the tensor's other partitions are exact,
+    and every later step is bit-exact with codecs that never saw step 1 of that partition (no
+    residual, no step counter advanced)."""
+    part_bytes, steps, d = 1024000, 3, 600_000
+    rc, log = _run_local(2, tmp_path, steps, d, part_bytes,
+                         {"THC_TEST_NAN_RANK": "1", "THC_TEST_NAN_STEP": "1"})
+    assert rc == 0, log[-4000:]
+    part = (d // 2) // (part_bytes // 4)
+    assert "the agreed norm is NaN" in log and "Skipped steps of this key: 1." in log, log[-3000:]
+    for key, yout in ((0, "y"), (4, "w")):
+        _check_pipeline(tmp_path, 2, steps, key, "x", yout, part_bytes // 4,
+                        lambda v: v.astype(np.float32), skipped={(1, part)})
 
 
 @pytest.mark.needs_fork

@@ -245,3 +245,28 @@ def test_mxnet_trainer_choice():
     ch = bmx.choose(None, None, {})
     assert repr(ch.compressor) == "Compression.none" and ch.compressor.params == {}
     assert c.in_force_line(ch, c.Tally(4, 0, 0), {}).endswith("; 4 gradient tensors")
+
+
+def test_thc_kwargs_carry_the_nonfinite_mode():
+    cfg = ThcConfig(bits=3, granularity=14)
+    assert c.thc_kwargs(cfg, {}) == cfg.to_kwargs()  # propagate: the C++ default when absent
+    assert c.thc_kwargs(cfg, {"BYTEPS_THC_NONFINITE": "propagate"}) == cfg.to_kwargs()
+    assert c.thc_kwargs(cfg, {"BYTEPS_THC_NONFINITE": " Error "}) == \
+        dict(cfg.to_kwargs(), thc_nonfinite="error")
+    with pytest.raises(ValueError, match="BYTEPS_THC_NONFINITE='skip'"):
+        c.thc_kwargs(cfg, {"BYTEPS_THC_NONFINITE": "skip"})
+
+    class Registry(c.RegistryCompressor):
+        def is_floating(self, tensor):
+            return tensor[0]
+
+        def wire_bytes(self, tensor):
+            return tensor[1]
+
+    class Thc(c.ThcMixin, Registry):
+        pass
+
+    thc = Thc(cfg)
+    assert thc.kwargs((True, 1 << 20), {"BYTEPS_THC_NONFINITE": "error"})["thc_nonfinite"] == \
+        "error"
+    assert thc.kwargs((True, 100), {"BYTEPS_THC_NONFINITE": "error"}) is None

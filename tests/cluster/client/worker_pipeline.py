@@ -27,6 +27,9 @@ out_dir, steps, d = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 mismatch = os.environ.get("THC_TEST_MISMATCH") == "1"
 kwargs = ThcConfig(seed=42 + (rank if mismatch else 0)).to_kwargs()
 nan_rank = int(os.environ.get("THC_TEST_NAN_RANK", "-1"))  # this rank sends a NaN gradient
+nan_step = int(os.environ.get("THC_TEST_NAN_STEP", "0"))  # ... at this step
+if os.environ.get("THC_TEST_NONFINITE"):  # thc_nonfinite=error: the NaN fails the push_pull
+    kwargs["thc_nonfinite"] = os.environ["THC_TEST_NONFINITE"]
 ops.declare("thc_f32", **kwargs)
 ops.declare("thc_f16", ef_type="vanilla", **kwargs)  # BytePS's EF switch: THC keeps its own
 ops.declare("plain")
@@ -35,13 +38,14 @@ ops.declare("thc_inplace", **kwargs)
 for step in range(steps):
     g = torch.Generator().manual_seed(1000 * step + rank)
     x = torch.randn(d, generator=g) * (rank + 1)
-    if rank == nan_rank:
+    if rank == nan_rank and step == nan_step:
         x[d // 2] = float("nan")
     h = (torch.randn(d, generator=g) * 0.01).half()
     xc, hc = x.clone(), h.clone()
     y = ops.push_pull(xc, average=False, name="thc_f32")
     z = ops.push_pull(hc, average=False, name="thc_f16")
-    assert torch.equal(xc, x) and torch.equal(hc, h), "push_pull changed its input"
+    same = torch.equal(xc.view(torch.int32), x.view(torch.int32))  # bits: NaN != NaN
+    assert same and torch.equal(hc, h), "push_pull changed its input"
     w = x.clone()
     ops.push_pull_inplace(w, average=False, name="thc_inplace")
     for name, t in (("x", x), ("y", y), ("h", h), ("z", z), ("w", w)):

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <mutex>
 #include <unordered_map>
@@ -156,6 +158,26 @@ void ThcRecordFailure(const std::shared_ptr<TensorTableEntry>& task, const std::
   auto op = Find(IdOf(*task));
   if (!op) return;  // already completed (the cluster failed first)
   if (SetError(op.get(), why)) BPS_LOG(ERROR) << why;
+}
+
+bool ThcWaitUnlessFailed(const std::function<void(const std::function<void()>&)>& push) {
+  struct Done {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+  };
+  auto d = std::make_shared<Done>();  // the callback may outlive this wait
+  push([d]() {
+    std::lock_guard<std::mutex> lock(d->mu);
+    d->done = true;
+    d->cv.notify_all();
+  });
+  std::unique_lock<std::mutex> lock(d->mu);
+  while (!d->done) {
+    if (g_failed.load()) return false;
+    d->cv.wait_for(lock, std::chrono::milliseconds(100));
+  }
+  return true;
 }
 
 void ThcFinishPartitionNow(std::shared_ptr<TensorTableEntry> task) {

@@ -52,6 +52,11 @@ void ThcFailPartition(std::shared_ptr<TensorTableEntry> task, const std::string&
 // Finishes the partition now, without its remaining stages (no failure recorded).
 void ThcFinishPartitionNow(std::shared_ptr<TensorTableEntry> task);
 
+// InitTensor's blocking pushes: `push(done)` issues one with `done` as its callback; waits until
+// done runs (true) or the cluster fails (false: the push may never be answered, InitTensor gives
+// up and EnqueueTensor fails the push_pull with the reason).
+bool ThcWaitUnlessFailed(const std::function<void(const std::function<void()>&)>& push);
+
 // BytePS's shutdown: false after a cluster failure (ps-lite's finalize barrier would wait for peers
 // that may be dead).
 bool ThcFinalizeWithBarrier();

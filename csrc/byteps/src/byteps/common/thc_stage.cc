@@ -7,6 +7,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
+#include <limits>
+#include <sstream>
 #include <thread>
 
 #include "compressor/impl/thc_compressor.h"
@@ -15,6 +18,7 @@
 #include "global.h"
 #include "idle.h"
 #include "logging.h"
+#include "thc_failure.h"
 
 namespace byteps {
 namespace common {
@@ -44,13 +48,86 @@ char* TensorAt(const std::shared_ptr<Tensor>& t, size_t offset) {
   return const_cast<char*>(static_cast<const char*>(t->data())) + offset;
 }
 
-// Step 3 of the round: the max came back.
+// "THC: tensor 'NAME' (key K, bytes A..B, rank R)": where a message is about.
+std::string Where(const std::shared_ptr<TensorTableEntry>& task) {
+  std::ostringstream os;
+  os << "THC: tensor '" << task->tensor_name << "' (key " << task->key << ", bytes "
+     << task->offset << ".." << task->offset + task->len << ", rank " << BytePSGlobal::GetRank()
+     << ")";
+  return os.str();
+}
+
+std::string NonFiniteAdvice() {
+  return "A non-finite gradient under BYTEPS_THC_NONFINITE=error: lower the learning rate, use "
+         "loss scaling that skips such steps, or clip gradients; BYTEPS_THC_NONFINITE=propagate "
+         "passes it on as uncompressed BytePS does (every worker's result is NaN/inf).";
+}
+
+// What to do about a failure the server reported.
+std::string Advice(const std::string& server_error) {
+  if (server_error.find("registration refused") != std::string::npos ||
+      server_error.find("mismatch") != std::string::npos) {
+    return ". Give every worker the same THC settings (bpslaunch --thc-*, BYTEPS_THC_*, "
+           "BYTEPS_THC_NONFINITE) and the same tensor partitioning (BYTEPS_PARTITION_BYTES).";
+  }
+  if (server_error.find("finite") != std::string::npos) return ". " + NonFiniteAdvice();
+  return ". The server's log names the key and the sender; the cluster's rounds of this key are "
+         "no longer in step, so restart from a checkpoint.";
+}
+
+// The agreed norm is NaN or +inf: every worker skips the encode, the push and the pull of this
+// partition (they all see the same norm, so the server's data rounds stay in step), and its output
+// is NaN (+inf when only infs were seen), as an uncompressed sum would be. Encode() never ran, so
+// the residual and the step counter are those of a run without this step.
+void SkipNonFiniteStep(std::shared_ptr<TensorTableEntry> task, compressor::ThcCompressor* thc,
+                       double max_norm, const std::string& local) {
+  const bool nan = tw::IsNaN(max_norm);
+  char* out = static_cast<char*>(task->cpubuff) + task->offset;
+  ThcDecompressTarget(task, &out);
+  thc->FillNonFinite(out, nan);
+  uint64_t count = thc->CountNonfiniteSkip();
+  // once per key, then at 10, 100, ... skips: a run with dynamic loss scaling has a few
+  if (count == 1 || count == 10 || count == 100 || count % 1000 == 0) {
+    BPS_LOG(WARNING) << Where(task) << ": the agreed norm is " << (nan ? "NaN" : "+inf")
+                     << (local.empty() ? "" : " (this worker's gradient has " + local + ")")
+                     << ": every worker skips this step of the key and its result is "
+                     << (nan ? "NaN" : "+inf")
+                     << "; its error-feedback state is unchanged. Skipped steps of this key: "
+                     << count << ".";
+  }
+  auto& q = task->queue_list;
+  for (QueueType skipped : {COMPRESS, PUSH, PULL, DECOMPRESS}) {
+    q.erase(std::remove(q.begin() + 1, q.end(), skipped), q.end());
+  }
+  FinishOrProceed(task);
+}
+
+// Step 3 of the round: the max came back. `local` is this worker's own failure ("" if none),
+// `nonfinite` what its gradient had ("" if finite).
 void FinishNormRound(std::shared_ptr<TensorTableEntry> task, compressor::ThcCompressor* thc,
-                     size_t bytes) {
+                     size_t bytes, const std::string& local, const std::string& nonfinite) {
   double max_norm = 0;
   std::string err = thc->ParseNormReply(bytes, &max_norm);
-  BPS_CHECK(err.empty()) << "THC: the norm round of tensor '" << task->tensor_name
-                         << "' (key " << task->key << ") failed: " << err;
+  // A failed norm round failed for every worker (the server answers all with one reply), so all
+  // of them skip the rest of this partition consistently.
+  if (!local.empty()) {
+    ThcFailPartition(task, local);
+    return;
+  }
+  if (!err.empty()) {
+    ThcFailPartition(task, "THC: the norm round of tensor '" + task->tensor_name + "' (key " +
+                               std::to_string(task->key) + ") failed on rank " +
+                               std::to_string(BytePSGlobal::GetRank()) + ": " + err + Advice(err));
+    return;
+  }
+  if (!tw::IsFinite(max_norm)) {
+    if (thc->nonfinite_error()) {  // the server fails such rounds; a reply says it did not
+      ThcFailPartition(task, Where(task) + ": the agreed norm is not finite. " + NonFiniteAdvice());
+    } else {
+      SkipNonFiniteStep(task, thc, max_norm, nonfinite);
+    }
+    return;
+  }
   thc->set_max_norm(max_norm);
   BPS_LOG(TRACE) << "THC_NORM " << task->tensor_name << " key=" << task->key
                  << " max_norm=" << max_norm;
@@ -69,39 +146,51 @@ void OnPool(F&& job) {
 
 // Step 2b: pull the max over workers.
 void PullMaxNorm(std::shared_ptr<TensorTableEntry> task, compressor::ThcCompressor* thc,
-                 ps::SArray<ps::Key> keys, int cmd) {
+                 ps::SArray<ps::Key> keys, int cmd, std::string local, std::string nonfinite) {
   auto reply = new ps::SArray<char>(thc->norm_reply(), thc->norm_reply_capacity(), false);
   auto reply_lens = new ps::SArray<int>();
-  BytePSGlobal::GetPS()->ZPull(keys, reply, reply_lens, cmd, [task, thc, reply, reply_lens]() {
-    size_t bytes = reply_lens->empty() ? 0 : static_cast<size_t>((*reply_lens)[0]);
-    delete reply;
-    delete reply_lens;
-    FinishNormRound(task, thc, bytes);
-  });
+  BytePSGlobal::GetPS()->ZPull(keys, reply, reply_lens, cmd,
+                               [task, thc, reply, reply_lens, local, nonfinite]() {
+                                 size_t bytes = reply_lens->empty()
+                                                    ? 0
+                                                    : static_cast<size_t>((*reply_lens)[0]);
+                                 delete reply;
+                                 delete reply_lens;
+                                 FinishNormRound(task, thc, bytes, local, nonfinite);
+                               });
 }
 
-// Steps 1-2a: local norm, push it.
+// Steps 1-2a: local norm, push it. The norm is pushed even when this worker failed, so that the
+// round completes for the others: a NaN under the fingerprint 0 (unbound) fails it at the server,
+// a non-finite norm propagates (or, in error mode, fails the round naming this sender).
 void StartNormRound(std::shared_ptr<TensorTableEntry> task) {
   auto* thc = AsThc(task);
-  BPS_CHECK(thc) << "THC_NORM stage on a tensor without the THC compressor: "
-                 << task->tensor_name;
+  if (!thc) {  // ThcAddStages adds THC_NORM only for THC tensors
+    ThcFailPartition(task, Where(task) + ": the THC_NORM stage got a tensor without the THC "
+                                         "compressor (a byteps-thc bug; please report it)");
+    return;
+  }
+  std::string local, nonfinite;
+  double norm = std::numeric_limits<double>::quiet_NaN();
   std::string err = thc->Bind(task->key, task->len,
                               static_cast<uint32_t>(BytePSGlobal::GetRank()), task->tensor_name);
-  BPS_CHECK(err.empty()) << "THC: tensor '" << task->tensor_name << "': " << err;
-
-  char* data = static_cast<char*>(task->cpubuff) + task->offset;
-  ThcCompressSource(task, &data);
-  compressor::tensor_t grad(data, task->len, task->tensor->dtype());
-  double norm = 0;
-  err = thc->LocalNorm(grad, &norm);
   if (!err.empty()) {
-    BPS_LOG(FATAL) << "THC: tensor '" << task->tensor_name << "' (key " << task->key
-                   << ", bytes " << task->offset << ".." << task->offset + task->len
-                   << ") on this worker (rank " << BytePSGlobal::GetRank() << "): " << err
-                   << ". THC cannot encode it: lower the learning rate, use loss scaling with a "
-                   << "finite check, or clip gradients.";
+    local = Where(task) + ": " + err +
+            ". Declare it with valid THC settings (byteps_thc.ThcConfig checks them).";
+  } else {
+    char* data = static_cast<char*>(task->cpubuff) + task->offset;
+    ThcCompressSource(task, &data);
+    compressor::tensor_t grad(data, task->len, task->tensor->dtype());
+    err = thc->LocalNorm(grad, &norm, &nonfinite);
+    if (!err.empty()) {
+      local = Where(task) + ": the local norm failed: " + err;
+      norm = std::numeric_limits<double>::quiet_NaN();
+    } else if (!nonfinite.empty() && thc->nonfinite_error()) {
+      local = Where(task) + ": this worker's gradient has " + nonfinite +
+              " (non-finite gradient). " + NonFiniteAdvice();
+    }
   }
-  *thc->norm_push() = tw::NormPush{thc->fingerprint(), norm};
+  *thc->norm_push() = tw::NormPush{thc->bound() ? thc->fingerprint() : 0, norm};
 
   auto ps = BytePSGlobal::GetPS();
   // The partition's own server and key; BytePS's PSKV is not touched (its lens change per stage).
@@ -109,9 +198,11 @@ void StartNormRound(std::shared_ptr<TensorTableEntry> task) {
   ps::SArray<int> lens(1, static_cast<int>(sizeof(tw::NormPush)));
   ps::SArray<char> vals(reinterpret_cast<char*>(thc->norm_push()), sizeof(tw::NormPush), false);
   const int cmd = tw::CommandType(tw::kThcNormRequest, BYTEPS_FLOAT64);
-  ps->ZPush(keys, vals, lens, cmd, [task, thc, keys, cmd]() {
+  ps->ZPush(keys, vals, lens, cmd, [task, thc, keys, cmd, local, nonfinite]() {
     // Not from inside ps-lite's callback: issue the pull from the pool, like the PULL stage.
-    OnPool([task, thc, keys, cmd]() { PullMaxNorm(task, thc, keys, cmd); });
+    OnPool([task, thc, keys, cmd, local, nonfinite]() {
+      PullMaxNorm(task, thc, keys, cmd, local, nonfinite);
+    });
   });
 }
 
@@ -161,6 +252,23 @@ void ThcNormLoop() {
   while (RunThcNormLoopOnce() && !BytePSGlobal::ShouldShutdown()) {
   }
   BytePSGlobal::ReportThreadFinish();
+}
+
+void ThcAfterCompress(const std::shared_ptr<TensorTableEntry>& task) {
+  auto* thc = AsThc(task);
+  if (!thc) return;
+  std::string err = thc->TakeError();
+  if (!err.empty()) ThcRecordFailure(task, Where(task) + ": " + err + ".");
+}
+
+bool ThcAfterDecompress(std::shared_ptr<TensorTableEntry> task) {
+  auto* thc = AsThc(task);
+  if (!thc) return false;
+  std::string err = thc->TakeError();
+  if (err.empty()) return false;
+  std::string why = Where(task) + ": " + err + Advice(err);
+  ThcFailPartition(std::move(task), why);
+  return true;
 }
 
 bool ThcPullTarget(const std::shared_ptr<TensorTableEntry>& task, char** data,

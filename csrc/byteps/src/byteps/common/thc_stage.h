@@ -9,6 +9,9 @@
 // request type thcwire::kThcNormRequest, pulls back the max over workers and hands it to the
 // compressor. The stage waits for nothing but the network: its thread only dispatches, the norm
 // is computed on BytePS's thread pool, and the push/pull run on ps-lite callbacks.
+// A NaN/Inf gradient pushes a non-finite norm; when the agreed max is not finite, every worker
+// skips COMPRESS, PUSH, PULL and DECOMPRESS of that partition and writes NaN/+inf as its result
+// (BYTEPS_THC_NONFINITE=propagate), or the round fails (=error): docs/ALGORITHM.md.
 #ifndef BYTEPS_THC_STAGE_H
 #define BYTEPS_THC_STAGE_H
 
@@ -36,6 +39,15 @@ void ThcDecompressTarget(const std::shared_ptr<TensorTableEntry>& task, char** d
 
 // The THC_NORM stage's thread (started with the other loops on the root device).
 void ThcNormLoop();
+
+// Failures (thc_failure.h): a failed THC partition fails its push_pull with a message naming the
+// tensor, key, rank, what happened and what to do, and never the process.
+// After COMPRESS: records an encode failure; the header-only push still goes out, so the server
+// fails the round for every worker instead of waiting for this one.
+void ThcAfterCompress(const std::shared_ptr<TensorTableEntry>& task);
+// After DECOMPRESS: true when the reply was the server's error or malformed; the partition then
+// failed and finished (the caller returns).
+bool ThcAfterDecompress(std::shared_ptr<TensorTableEntry> task);
 
 // PULL stage: a THC partition's reply (header + integer sums) can be larger than the
 // partition's own bytes, so it goes into the compressor's receive buffer instead.

@@ -5,7 +5,8 @@
 // nothing else: each push is checked (magic, configuration fingerprint, length) and handed to
 // thc::Aggregator (unpack, table lookup, integer add into lanes sized for n*g); the n-th push
 // publishes the sums, and every pull of that round returns them as they are. The norm round is
-// the same with one double per worker reduced by max.
+// the same with one double per worker reduced by max (NaN if one is NaN, else +inf if one is +inf:
+// the workers then skip that step, BYTEPS_THC_NONFINITE=propagate; =error fails the round).
 //
 // Rounds: a worker pushes round r, then pulls round r, then (next step) pushes round r+1. A pull
 // is answered as soon as the round its sender last pushed into is complete; pushes of round r+1
@@ -61,10 +62,11 @@ struct ThcKey {
   uint64_t fingerprint = 0;
   uint32_t num_workers = 0;
   int lane_bits = 0;
+  bool nonfinite_error = false;  // thc_nonfinite=error: a non-finite norm fails the round
   std::unique_ptr<thc::Aggregator> agg;
   // rounds
   Round data, norm;
-  double norm_max = 0.0;
+  double norm_max = 0.0;  // the round's max: NaN if a NaN was pushed, else +inf if an inf was
 };
 
 std::mutex thc_mu_;
@@ -191,6 +193,7 @@ void Register(ThcKey* k, uint64_t key, const ps::KVMeta& req, const ps::KVPairs<
       k->fingerprint = fp;
       // As declared (the seed before mixing with the key), which is what users set.
       k->description = tw::Describe(settings.config) + " d=" + std::to_string(d);
+      k->nonfinite_error = settings.nonfinite_error;
       k->num_workers = static_cast<uint32_t>(ps::NumWorkers());
       k->lane_bits = thc::LaneBits(cfg, k->num_workers);
       if (k->lane_bits == 0) {
@@ -206,6 +209,11 @@ void Register(ThcKey* k, uint64_t key, const ps::KVMeta& req, const ps::KVPairs<
       err = "THC settings differ between workers: node " + std::to_string(req.sender) +
             " declared " + tw::Describe(settings.config) + " d=" + std::to_string(d) +
             ", but the key was registered with " + k->description;
+    } else if (settings.nonfinite_error != k->nonfinite_error) {
+      err = std::string("BYTEPS_THC_NONFINITE differs between workers: node ") +
+            std::to_string(req.sender) + " declared thc_nonfinite=" +
+            tw::NonfiniteName(settings.nonfinite_error) + ", but the key was registered with " +
+            tw::NonfiniteName(k->nonfinite_error);
     }
   }
   if (!err.empty()) {
@@ -244,6 +252,9 @@ void DataPush(ThcKey* k, uint64_t key, const ps::KVMeta& req, const ps::KVPairs<
         os << Where(key, sender) << ": THC configuration mismatch (fingerprint 0x" << std::hex
            << h.fingerprint << ", the key was registered with 0x" << k->fingerprint << std::dec
            << ": " << k->description << "); every worker must use the same THC settings";
+      } else if (len == sizeof(h) && expect > sizeof(h)) {
+        os << Where(key, sender) << ": that worker could not encode this round (its log and its "
+           << "exception say why)";
       } else if (len != expect) {
         os << Where(key, sender) << ": wrong payload length " << len << " bytes, expected "
            << expect << " (16-byte header + " << k->agg->geometry().payload_bytes
@@ -292,11 +303,15 @@ void NormPush(ThcKey* k, uint64_t key, const ps::KVMeta& req, const ps::KVPairs<
            << ": THC configuration mismatch (fingerprint 0x" << std::hex << np.fingerprint
            << ", registered 0x" << k->fingerprint << std::dec << ": " << k->description << ")";
         Fail(round, os.str());
-      } else if (!tw::IsFinite(np.norm) || np.norm < 0) {
+      } else if (np.norm < 0 || (!tw::IsFinite(np.norm) && k->nonfinite_error)) {
         std::ostringstream os;
         os << "THC key " << key << ": norm push from node " << sender << " is " << np.norm
-           << " (must be finite and >= 0)";
+           << (np.norm < 0 ? " (must be >= 0)"
+                           : " (a non-finite gradient; BYTEPS_THC_NONFINITE=error: must be finite)");
         Fail(round, os.str());
+      } else if (!tw::IsFinite(np.norm)) {
+        // as an uncompressed sum would: NaN wins over inf, inf over any finite norm
+        if (tw::IsFinite(k->norm_max) || tw::IsNaN(np.norm)) k->norm_max = np.norm;
       } else if (np.norm > k->norm_max) {
         k->norm_max = np.norm;
       }

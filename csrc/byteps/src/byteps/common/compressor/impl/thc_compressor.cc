@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <sstream>
 
 #include "../compressor_registry.h"
@@ -17,9 +18,14 @@ CompressorRegistry::Register reg(
     [](const kwargs_t& kwargs, size_t size, DataType dtype) -> std::unique_ptr<Compressor> {
       thcwire::ThcSettings settings;
       std::string err = thcwire::ParseThcKwargs(kwargs, &settings);
-      BPS_CHECK(err.empty()) << "THC: invalid compressor kwargs: " << err;
-      BPS_CHECK(dtype == BYTEPS_FLOAT32 || dtype == BYTEPS_FLOAT16 || dtype == BYTEPS_FLOAT64)
-          << "THC compresses float32, float16 and float64 tensors, not dtype " << dtype;
+      if (!err.empty()) {
+        err = "invalid THC compressor kwargs: " + err;
+      } else if (dtype != BYTEPS_FLOAT32 && dtype != BYTEPS_FLOAT16 && dtype != BYTEPS_FLOAT64) {
+        err = "THC compresses float32, float16 and float64 tensors, not BytePS dtype " +
+              std::to_string(static_cast<int>(dtype));
+      }
+      // An invalid one still stands in, so that the push_pull fails with the message.
+      if (!err.empty()) return std::unique_ptr<Compressor>(new ThcCompressor(size, dtype, err));
       return std::unique_ptr<Compressor>(new ThcCompressor(size, dtype, std::move(settings)));
     });
 
@@ -76,10 +82,35 @@ ThcCompressor::ThcCompressor(size_t size, DataType dtype, thcwire::ThcSettings s
   norm_reply_.resize(sizeof(thcwire::PullHeader) + thcwire::kMaxErrorBytes);
 }
 
+ThcCompressor::ThcCompressor(size_t size, DataType dtype, std::string error)
+    : Compressor(size, dtype), invalid_(std::move(error)) {
+  norm_reply_.resize(sizeof(thcwire::PullHeader) + thcwire::kMaxErrorBytes);
+}
+
 ThcCompressor::~ThcCompressor() = default;
+
+std::string ThcCompressor::TakeError() {
+  std::string e;
+  e.swap(error_);
+  return e;
+}
+
+void ThcCompressor::FillNonFinite(char* out, bool nan) const {
+  if (_dtype == BYTEPS_FLOAT16) {
+    const uint16_t v = nan ? 0x7E00u : 0x7C00u;
+    for (size_t i = 0; i < d_; ++i) std::memcpy(out + 2 * i, &v, 2);
+  } else if (_dtype == BYTEPS_FLOAT64) {
+    const uint64_t v = nan ? 0x7FF8000000000000ull : 0x7FF0000000000000ull;
+    for (size_t i = 0; i < d_; ++i) std::memcpy(out + 8 * i, &v, 8);
+  } else {
+    const uint32_t v = nan ? 0x7FC00000u : 0x7F800000u;
+    for (size_t i = 0; i < d_; ++i) std::memcpy(out + 4 * i, &v, 4);
+  }
+}
 
 std::string ThcCompressor::Bind(uint64_t key, size_t bytes, uint32_t rank,
                                 const std::string& name) {
+  if (!invalid_.empty()) return invalid_;
   size_t elem = ElementBytes(_dtype);
   if (bytes == 0 || bytes % elem) return "partition of " + std::to_string(bytes) + " bytes";
   size_t d = bytes / elem;
@@ -131,25 +162,56 @@ static std::string StatusMessage(thc::Status st, double max_norm) {
   }
 }
 
-std::string ThcCompressor::LocalNorm(tensor_t grad, double* norm) {
-  BPS_CHECK(encoder_) << "THC: LocalNorm before Bind";
-  BPS_CHECK_EQ(grad.size, d_ * ElementBytes(_dtype)) << "THC key " << key_;
-  thc::Status st = encoder_->Norm(AsFloat(grad), norm);
+// The first NaN among n floats (bit test: BytePS's -Ofast may fold std::isnan to false).
+static bool HasNaN(const float* x, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t b;
+    std::memcpy(&b, x + i, 4);
+    if ((b & 0x7FFFFFFFu) > 0x7F800000u) return true;
+  }
+  return false;
+}
+
+std::string ThcCompressor::LocalNorm(tensor_t grad, double* norm, std::string* nonfinite) {
+  nonfinite->clear();
+  if (!encoder_) return "the norm was asked for before the partition was bound";
+  if (grad.size != d_ * ElementBytes(_dtype))
+    return "a gradient of " + std::to_string(grad.size) + " bytes for a partition of " +
+           std::to_string(d_ * ElementBytes(_dtype));
+  const float* x = AsFloat(grad);
+  thc::Status st = encoder_->Norm(x, norm);
   if (st == thc::Status::kOk) return "";
-  // the norm reads the gradient only: a non-finite input is the gradient
-  return std::string(st == thc::Status::kNonFinite ? "non-finite gradient: " : "") +
-         thc::StatusText(st);
+  if (st == thc::Status::kNonFinite) {
+    // the norm reads the gradient and the residual, and the residual is always finite
+    const bool nan = HasNaN(x, d_);
+    *norm = nan ? std::numeric_limits<double>::quiet_NaN() : HUGE_VAL;
+    *nonfinite = nan ? "NaN" : "Inf";
+    return "";
+  }
+  if (st == thc::Status::kOverflow) {
+    *norm = HUGE_VAL;
+    *nonfinite = "values whose rotation overflows float32";
+    return "";
+  }
+  return thc::StatusText(st);
 }
 
 tensor_t ThcCompressor::Compress(tensor_t grad) {
-  BPS_CHECK(encoder_) << "THC: Compress before the THC_NORM stage bound the partition";
-  BPS_CHECK_EQ(grad.size, d_ * ElementBytes(_dtype)) << "THC key " << key_;
   thcwire::PushHeader h{thcwire::kPushMagic, thcwire::kWireVersion, fingerprint_};
+  if (send_.size() < sizeof(h)) send_.assign(sizeof(h), 0);
   std::memcpy(send_.data(), &h, sizeof(h));
-  auto st = encoder_->Encode(AsFloat(grad), max_norm_,
-                             reinterpret_cast<uint8_t*>(send_.data() + sizeof(h)));
-  BPS_CHECK(st == thc::Status::kOk)
-      << "THC key " << key_ << ": encode failed: " << StatusMessage(st, max_norm_);
+  error_.clear();
+  if (!encoder_) {
+    error_ = "compress before the THC_NORM stage bound the partition";
+  } else if (grad.size != d_ * ElementBytes(_dtype)) {
+    error_ = "a gradient of " + std::to_string(grad.size) + " bytes for a partition of " +
+             std::to_string(d_ * ElementBytes(_dtype));
+  } else {
+    auto st = encoder_->Encode(AsFloat(grad), max_norm_,
+                               reinterpret_cast<uint8_t*>(send_.data() + sizeof(h)));
+    if (st != thc::Status::kOk) error_ = "encode failed: " + StatusMessage(st, max_norm_);
+  }
+  if (!error_.empty()) return {send_.data(), sizeof(h), grad.dtype};
   return {send_.data(), send_.size(), grad.dtype};
 }
 
@@ -162,38 +224,54 @@ std::string ThcCompressor::ParseNormReply(size_t bytes, double* max_norm) const 
   if (h.status != 0) return std::string(norm_reply_.data() + sizeof(h), h.payload_bytes);
   if (h.payload_bytes != sizeof(double)) return "norm reply without a double";
   std::memcpy(max_norm, norm_reply_.data() + sizeof(h), sizeof(double));
-  if (!thcwire::IsFinite(*max_norm) || *max_norm < 0) return "max norm is not finite";
+  // NaN and +inf are agreed non-finite norms (the step is skipped); a negative one is malformed.
+  if (*max_norm < 0) return "negative max norm";
   return "";
 }
 
 tensor_t ThcCompressor::Decompress(tensor_t compressed) {
-  BPS_CHECK(encoder_) << "THC: Decompress before the partition was bound";
+  const tensor_t none{compressed.data, 0, compressed.dtype};
+  error_.clear();
   thcwire::PullHeader h;
-  BPS_CHECK_GE(compressed.size, sizeof(h))
-      << "THC key " << key_ << ": pulled " << compressed.size << " bytes, less than a header";
-  std::memcpy(&h, recv_.data(), sizeof(h));
-  BPS_CHECK_EQ(h.magic, thcwire::kPullMagic)
-      << "THC key " << key_ << ": the pulled bytes are not a THC reply";
-  BPS_CHECK_EQ(sizeof(h) + h.payload_bytes, compressed.size)
-      << "THC key " << key_ << ": truncated reply";
-  if (h.status != 0) {
-    BPS_LOG(FATAL) << "THC: tensor '" << name_ << "' (key " << key_
-                   << "): the server failed round " << h.round << ": "
-                   << std::string(recv_.data() + sizeof(h), h.payload_bytes);
+  std::ostringstream os;
+  if (!encoder_) {
+    os << "decompress before the partition was bound";
+  } else if (compressed.size < sizeof(h) || compressed.size > recv_.size()) {
+    os << "pulled " << compressed.size << " bytes, not a THC reply (a " << sizeof(h)
+       << "-byte header and at most " << recv_.size() - sizeof(h) << " bytes)";
+  } else {
+    std::memcpy(&h, recv_.data(), sizeof(h));
+    if (h.magic != thcwire::kPullMagic) {
+      os << "the pulled bytes are not a THC reply (magic 0x" << std::hex << h.magic << ")";
+    } else if (sizeof(h) + h.payload_bytes != compressed.size) {
+      os << "truncated reply: its header says " << h.payload_bytes << " bytes follow, "
+         << compressed.size - sizeof(h) << " did";
+    } else if (h.status != 0) {
+      os << "the server failed round " << h.round << ": "
+         << std::string(recv_.data() + sizeof(h), h.payload_bytes);
+    } else {
+      const thc::Geometry& geo = encoder_->geometry();
+      int lane = thc::LaneBits(cfg_, h.num_workers);
+      if (lane == 0 || lane != static_cast<int>(h.lane_bits) ||
+          h.payload_bytes != geo.padded * (h.lane_bits / 8)) {
+        os << "reply with " << h.lane_bits << "-bit lanes for " << h.num_workers << " workers and "
+           << h.payload_bytes << " bytes does not fit " << geo.padded << " coordinates";
+      }
+    }
   }
-  const thc::Geometry& geo = encoder_->geometry();
-  int lane = thc::LaneBits(cfg_, h.num_workers);
-  BPS_CHECK(lane == static_cast<int>(h.lane_bits) &&
-            h.payload_bytes == geo.padded * (h.lane_bits / 8))
-      << "THC key " << key_ << ": reply with " << h.lane_bits << "-bit lanes for "
-      << h.num_workers << " workers and " << h.payload_bytes << " bytes does not fit "
-      << geo.padded << " coordinates";
+  if (!os.str().empty()) {
+    error_ = os.str();
+    return none;
+  }
   // The decoded mean, times n: BytePS's pull yields sums (average=True divides by n).
   float* out = _dtype == BYTEPS_FLOAT32 ? reinterpret_cast<float*>(compressed.data)
                                         : scratch_.data();
   auto st = thc::Decode(cfg_, d_, recv_.data() + sizeof(h), h.lane_bits, h.num_workers,
                         max_norm_, out);
-  BPS_CHECK(st == thc::Status::kOk) << "THC key " << key_ << ": decode failed";
+  if (st != thc::Status::kOk) {
+    error_ = std::string("decode failed: ") + thc::StatusText(st);
+    return none;
+  }
   const float n = static_cast<float>(h.num_workers);
   for (size_t i = 0; i < d_; ++i) out[i] = out[i] * n;
   if (_dtype == BYTEPS_FLOAT16) {

@@ -8,6 +8,9 @@
 //   PULL:     into ReceiveBuffer() (the integer sums can be larger than the partition's bytes);
 //   DECOMPRESS: Decompress() = thc::Decode, times n (BytePS's pull returns sums; push_pull
 //               with average=True divides by n again).
+// Nothing here aborts on a worker's input or a peer's reply: a call that fails says why (Bind,
+// LocalNorm, ParseNormReply return the message; Compress and Decompress leave it for TakeError),
+// and the stages (common/thc_stage.cc) fail the push_pull with it (common/thc_failure.h).
 #ifndef BYTEPS_COMPRESSOR_THC_COMPRESSOR_H
 #define BYTEPS_COMPRESSOR_THC_COMPRESSOR_H
 
@@ -25,10 +28,18 @@ namespace compressor {
 class ThcCompressor : public Compressor {
  public:
   ThcCompressor(size_t size, DataType dtype, thcwire::ThcSettings settings);
+  // A compressor that could not be made (invalid kwargs, a dtype THC does not take): Bind()
+  // returns `error`, so the push_pull fails with it instead of the process.
+  ThcCompressor(size_t size, DataType dtype, std::string error);
   ~ThcCompressor() override;
 
+  // On failure: the 16-byte header alone (the server then fails the round for every worker, so
+  // nobody waits for this one), and TakeError() says why.
   tensor_t Compress(tensor_t grad) override;
+  // On failure (the server's error, a malformed reply): nothing decoded, TakeError() says why.
   tensor_t Decompress(tensor_t compressed) override;
+  // Why the last Compress/Decompress failed ("" if it did not); clears it.
+  std::string TakeError();
 
   // ---- THC_NORM stage ----
   // Binds the partition on first use: its BytePS key (mixed into the seed), its length in bytes,
@@ -37,12 +48,19 @@ class ThcCompressor : public Compressor {
   std::string Bind(uint64_t key, size_t bytes, uint32_t rank, const std::string& name);
   bool bound() const { return encoder_ != nullptr; }
   // ||grad + residual||_2 of the partition (it rotates the gradient with error feedback, and
-  // Compress() reuses that); "" or what went wrong, in words.
-  std::string LocalNorm(tensor_t grad, double* norm);
+  // Compress() reuses that); "" or what went wrong, in words. A NaN in the gradient gives a NaN
+  // norm, an Inf (or a rotation that overflows float32) +inf, and *nonfinite then says which
+  // ("" for a finite norm). Nothing of the encoder's state (residual, step) changes.
+  std::string LocalNorm(tensor_t grad, double* norm, std::string* nonfinite);
   void set_max_norm(double m) { max_norm_ = m; }
   double max_norm() const { return max_norm_; }
   uint64_t fingerprint() const { return fingerprint_; }
   uint64_t key() const { return key_; }
+  bool nonfinite_error() const { return settings_.nonfinite_error; }
+  // A step of this partition skipped because the agreed norm was not finite: its count so far.
+  uint64_t CountNonfiniteSkip() { return ++nonfinite_skips_; }
+  // Writes the partition's d elements (in its dtype) as NaN, or as +inf when !nan.
+  void FillNonFinite(char* out, bool nan) const;
 
   // Stable buffers for the norm round's ps-lite messages.
   thcwire::NormPush* norm_push() { return &norm_push_; }
@@ -61,6 +79,9 @@ class ThcCompressor : public Compressor {
   const float* AsFloat(tensor_t grad);  // grad as float32 (converted into scratch_ if needed)
 
   thcwire::ThcSettings settings_;
+  std::string invalid_;  // non-empty: the compressor could not be made, Bind() fails with it
+  std::string error_;    // why the last Compress/Decompress failed
+  uint64_t nonfinite_skips_ = 0;
   thc::Config cfg_;  // the partition's (seed mixed with the key)
   std::unique_ptr<thc::Encoder> encoder_;
   uint64_t key_ = 0;

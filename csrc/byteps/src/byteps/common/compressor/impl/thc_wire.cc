@@ -155,6 +155,12 @@ std::string ParseThcKwargs(const Kwargs& kwargs, ThcSettings* out) {
     // BytePS's generic switch: THC keeps its own residual instead of the EF decorator.
     s.error_feedback = true;
   }
+  auto nf = kwargs.find("thc_nonfinite");
+  if (nf != kwargs.end()) {
+    if (nf->second != "propagate" && nf->second != "error")
+      return "thc_nonfinite=" + nf->second + " must be propagate or error";
+    s.nonfinite_error = nf->second == "error";
+  }
   std::string err = thc::Validate(c);
   if (!err.empty()) return err;
   *out = std::move(s);

@@ -24,18 +24,26 @@ namespace thcwire {
 using Kwargs = std::unordered_map<std::string, std::string>;
 
 // What a THC tensor is declared with. Error feedback is per worker, so it is not part of the
-// fingerprint.
+// fingerprint. The non-finite mode (thc_nonfinite, BYTEPS_THC_NONFINITE) must be the same on
+// every worker: the server compares it at registration.
 struct ThcSettings {
   thc::Config config;
   bool error_feedback = true;
+  // false (propagate): a NaN/Inf gradient makes the agreed norm non-finite and every worker skips
+  // the partition's step, its output NaN/+inf; true (error): the round fails, naming the sender.
+  bool nonfinite_error = false;
 };
+
+// "error" or "propagate", as thc_nonfinite spells it.
+inline const char* NonfiniteName(bool error) { return error ? "error" : "propagate"; }
 
 // True when kwargs select THC (compressor_type=thc).
 bool IsThcKwargs(const Kwargs& kwargs);
 
 // Parses compressor_type=thc, thc_bits, thc_granularity, thc_overflow_prob and/or thc_clip,
 // thc_seed, thc_rotation_block, thc_table (comma-separated, as solved by
-// byteps_thc.tables.solve_table), thc_error_feedback (1/0) and the generic ef_type, then
+// byteps_thc.tables.solve_table), thc_error_feedback (1/0), thc_nonfinite (propagate, the
+// default, or error) and the generic ef_type, then
 // thc::Validate()s the result. Returns "" on success, else a message naming the bad kwarg.
 std::string ParseThcKwargs(const Kwargs& kwargs, ThcSettings* out);
 
@@ -56,6 +64,12 @@ inline bool IsFinite(double x) {
   return (bits & 0x7FF0000000000000ull) != 0x7FF0000000000000ull;
 }
 
+inline bool IsNaN(double x) {
+  uint64_t bits;
+  __builtin_memcpy(&bits, &x, sizeof(bits));
+  return (bits & 0x7FFFFFFFFFFFFFFFull) > 0x7FF0000000000000ull;
+}
+
 // ---- wire format -----------------------------------------------------------------------------
 // Request types beyond BytePS's three (kDefaultPushPull=0, kRowSparse=1, kCompressed=2); they
 // travel in the ps-lite command like BytePS's own (Cantor pairing with the dtype).
@@ -66,7 +80,8 @@ constexpr uint32_t kPushMagic = 0x31434854u;  // "THC1" little-endian
 constexpr uint32_t kPullMagic = 0x52434854u;  // "THCR"
 constexpr uint32_t kWireVersion = 1;
 
-// Prefix of every THC data push: then the packed indices (thc::Geometry::payload_bytes).
+// Prefix of every THC data push: then the packed indices (thc::Geometry::payload_bytes). A push
+// of the header alone says the worker could not encode: the server fails that round for all.
 struct PushHeader {
   uint32_t magic;        // kPushMagic
   uint32_t version;      // kWireVersion
@@ -74,7 +89,8 @@ struct PushHeader {
 };
 static_assert(sizeof(PushHeader) == 16, "PushHeader is 16 bytes on the wire");
 
-// A norm-round push: the worker's local norm of the partition.
+// A norm-round push: the worker's local norm of the partition; NaN or +inf when its gradient has
+// a NaN or an Inf (the server's max is then NaN if any push was NaN, else +inf).
 struct NormPush {
   uint64_t fingerprint;
   double norm;

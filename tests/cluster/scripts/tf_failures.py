@@ -1,0 +1,51 @@
+"""A TensorFlow worker for tests/cluster/test_failures.py: workers that declare THC with different
+`bits` (rank 0: 4, rank 1: 3) must get a catchable TensorFlow error, in eager code and in
+model.fit, and the process goes on.
+
+    tf_failures.py OUT_DIR
+Writes OUT_DIR/<style>_<rank>.txt with the exception's class and message for style in eager, fit.
+"""
+import os
+import sys
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+import byteps.tensorflow as bps
+
+bps.init()
+rank = bps.rank()
+out_dir = sys.argv[1]
+thc = bps.Compression.thc(bits=4 if rank == 0 else 3)
+
+
+def caught(style, body):
+    try:
+        body()
+    except (tf.errors.InvalidArgumentError, tf.errors.InternalError) as e:
+        with open(os.path.join(out_dir, f"{style}_{rank}.txt"), "w") as f:
+            f.write(f"{type(e).__name__}: {e.message}")
+        return True
+    return False
+
+
+# eager: one push_pull of a THC tensor (64 Ki floats, above BYTEPS_MIN_COMPRESS_BYTES)
+ok = caught("eager", lambda: bps.push_pull(tf.ones([1 << 16]), name="eager.big",
+                                          compression=thc, average=True).numpy())
+
+# model.fit: the DistributedOptimizer's gradients
+model = keras.Sequential([keras.Input((128,)), keras.layers.Dense(256, activation="relu"),
+                          keras.layers.Dense(10)], name="fitmlp")
+opt = bps.DistributedOptimizer(keras.optimizers.SGD(0.05), compression=thc)
+model.compile(optimizer=opt, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+              jit_compile=False)
+rng = np.random.default_rng(rank)
+x, y = rng.standard_normal((64, 128)).astype(np.float32), rng.integers(0, 10, 64)
+ok = caught("fit", lambda: model.fit(x, y, batch_size=32, epochs=1, verbose=0)) and ok
+
+# the process goes on: an uncompressed push_pull still works
+after = bps.push_pull(tf.ones([4]), name="after", average=False).numpy().tolist()
+print(f"rank {rank}: after {after}", flush=True)
+if not ok:
+    raise SystemExit("a THC push_pull with mismatched bits did not raise")
