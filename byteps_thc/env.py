@@ -63,6 +63,26 @@ def parse_bool(text: str) -> bool:
     raise ValueError(f"{text!r} is not a boolean: use 1/0, true/false, yes/no or on/off")
 
 
+def parse_seconds(text: str) -> float:
+    """A number of seconds, at least 0 (0 usually means "never")."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a number of seconds") from None
+    if not 0.0 <= v < 1e7:
+        raise ValueError(f"{text!r} must be at least 0 seconds")
+    return v
+
+
+def parse_dead_node_timeout(text: str) -> int:
+    """0 (no detection) or whole seconds >= 3: heartbeats come every second at the fastest, and
+    a live node must be able to miss at least two in a row."""
+    v = parse_nonnegative_int(text)
+    if 0 < v < 3:
+        raise ValueError(f"{text!r} must be 0 (off) or at least 3 seconds")
+    return v
+
+
 def parse_optional_int(text: str) -> Optional[int]:
     """An integer where 0 means "unset" (None)."""
     return parse_int(text) or None
@@ -181,6 +201,22 @@ VISIBLE_CPU_CORES = Setting("BYTEPS_VISIBLE_CPU_CORES", None, str,
                             "explicit CPU lists per local worker, e.g. 0-3:4-7")
 ENABLE_GDB = Setting("BYTEPS_ENABLE_GDB", False, parse_bool, "run each worker under gdb")
 ENABLE_ASYNC = Setting("BYTEPS_ENABLE_ASYNC", False, parse_bool, "asynchronous training")
+
+# Liveness: dead nodes (ps-lite's heartbeats) and stalled rounds (the server's stall inspector)
+DEAD_NODE_TIMEOUT = Setting("BYTEPS_THC_DEAD_NODE_TIMEOUT", 30, parse_dead_node_timeout,
+                            "seconds without a heartbeat before a node counts as dead (0 = off); "
+                            "bpslaunch sets PS_HEARTBEAT_TIMEOUT to it and PS_HEARTBEAT_INTERVAL "
+                            "to a tenth of it (at least 1) where they are unset")
+HEARTBEAT_INTERVAL = Setting("PS_HEARTBEAT_INTERVAL", None, parse_nonnegative_int,
+                             "ps-lite: seconds between a node's heartbeats to the scheduler")
+HEARTBEAT_TIMEOUT = Setting("PS_HEARTBEAT_TIMEOUT", None, parse_nonnegative_int,
+                            "ps-lite: seconds of silence after which a node counts as dead")
+STALL_WARN = Setting("BYTEPS_THC_STALL_WARN", 60.0, parse_seconds,
+                     "seconds a THC round may wait before the server names the workers that "
+                     "have not pushed (0 = never)")
+STALL_TIMEOUT = Setting("BYTEPS_THC_STALL_TIMEOUT", 0.0, parse_seconds,
+                        "seconds after which the server fails a waiting THC round, and then "
+                        "exits, ending the cluster (0 = never; bpslaunch --stall-timeout)")
 
 # Variables a local cluster decides itself (whatever the caller's environment says is dropped)
 CLUSTER_OWNED = tuple(s.name for s in (

@@ -41,6 +41,7 @@ import torch
 
 from . import compression as _c
 from . import env
+from . import waits as _waits
 from .compression import Compressor
 from .config import ThcConfig  # noqa: F401 - part of this module's namespace
 
@@ -276,7 +277,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         for key, (handle, (ctx, tensor), p) in list(self._handles.items()):
             self._delay[key] = self.backward_passes_per_step
             try:
-                output = ops.synchronize(handle)
+                with _waits.waiting("Gradient." + self._names[key], ops.rank()):
+                    output = ops.synchronize(handle)
             except RuntimeError as e:
                 # a failed push_pull (thc_failure.h): wait for the others, then raise the first
                 failed = failed or e

@@ -25,12 +25,13 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
-from .cli import COMPRESSORS, build_parser, compression_env, parse_args, thc_config
+from .cli import COMPRESSORS, build_parser, compression_env, liveness_env, parse_args, thc_config
 from .local import SHM_PREFIX, free_ports, local_cluster_specs, run_local, shm_prefixes
 from .role import fork_missing, role_specs, run_role, server_argv, with_package_path
 from .supervisor import Outcome, ProcSpec, Supervisor
 
-__all__ = ["main", "COMPRESSORS", "build_parser", "compression_env", "parse_args", "thc_config",
+__all__ = ["main", "COMPRESSORS", "build_parser", "compression_env", "liveness_env", "parse_args",
+           "thc_config",
            "SHM_PREFIX", "free_ports", "local_cluster_specs", "run_local", "shm_prefixes",
            "fork_missing", "role_specs", "run_role", "server_argv", "with_package_path",
            "Outcome", "ProcSpec", "Supervisor"]

@@ -60,6 +60,15 @@ environment read by BytePS and this launcher (set them for a real multi-machine 
   BYTEPS_LOG_LEVEL             TRACE | DEBUG | INFO | WARNING (default) | ERROR | FATAL
   BYTEPS_ENABLE_GDB=1          run each worker under gdb
   BYTEPS_ENABLE_ASYNC=1        asynchronous training
+  BYTEPS_THC_DEAD_NODE_TIMEOUT  seconds without a heartbeat before a node counts as dead
+                               (default {env.DEAD_NODE_TIMEOUT.default}, 0 = off): bpslaunch sets
+                               PS_HEARTBEAT_TIMEOUT to it and PS_HEARTBEAT_INTERVAL to a tenth
+                               of it, unless set. Workers then fail their push_pulls naming the
+                               dead node and exit 1; servers and the scheduler exit 1.
+  BYTEPS_THC_STALL_WARN        a THC round waiting this long is logged by the server with the
+                               workers that have not pushed (default {env.STALL_WARN.default:g} s)
+  BYTEPS_THC_STALL_TIMEOUT     ... and failed after this long, the server then exiting 1
+                               (default 0 = never; --stall-timeout)
   BYTEPS_TRACE_ON=1, BYTEPS_TRACE_DIR, BYTEPS_TRACE_START_STEP, BYTEPS_TRACE_END_STEP  profiling
 
 examples:
@@ -140,6 +149,11 @@ def build_parser() -> argparse.ArgumentParser:
                          "before the cluster counts as hung (default 60)")
     lc.add_argument("--no-prefix", action="store_true",
                     help="do not prefix output lines with the process name")
+    lv = p.add_argument_group("liveness")
+    lv.add_argument("--stall-timeout", type=_seconds, metavar="SEC", default=None,
+                    help="the server fails a THC round that has waited SEC seconds for some "
+                         "workers' pushes, and every worker waiting for it gets the error "
+                         "(BYTEPS_THC_STALL_TIMEOUT; give it to the servers' bpslaunch)")
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="CMD",
                    help="the training command, run in every worker")
     return p
@@ -217,4 +231,24 @@ def compression_env(ns: argparse.Namespace,
         out[env.COMPRESSOR_K.name] = str(ns.compressor_k)
     if ns.compressor_ef is not None:
         out[env.COMPRESSOR_EF.name] = ns.compressor_ef
+    return out
+
+
+def liveness_env(ns: argparse.Namespace, environ: Mapping[str, str]) -> Dict[str, str]:
+    """ps-lite's heartbeat variables for BYTEPS_THC_DEAD_NODE_TIMEOUT (each only where unset:
+    the user's PS_HEARTBEAT_* win) and --stall-timeout; ValueError names a bad value."""
+    out: Dict[str, str] = {}
+    timeout = env.HEARTBEAT_TIMEOUT.get(environ)
+    if timeout is None:
+        timeout = env.DEAD_NODE_TIMEOUT.get(environ)
+        if timeout:
+            out[env.HEARTBEAT_TIMEOUT.name] = str(timeout)
+    if timeout and env.HEARTBEAT_INTERVAL.get(environ) is None:
+        # one heartbeat a tenth of the timeout (at least 1 s): a live node counts as dead only
+        # after about ten in a row went missing (three at the 3 s minimum)
+        out[env.HEARTBEAT_INTERVAL.name] = str(max(1, timeout // 10))
+    if getattr(ns, "stall_timeout", None) is not None:
+        out[env.STALL_TIMEOUT.name] = f"{ns.stall_timeout:g}"
+    env.STALL_WARN.get(environ)  # validated here, read by the server
+    env.STALL_TIMEOUT.get(dict(environ, **out))
     return out

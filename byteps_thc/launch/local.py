@@ -15,7 +15,7 @@ import tempfile
 from typing import List, Mapping, Optional, Sequence, TextIO
 
 from .. import env
-from .cli import compression_env
+from .cli import compression_env, liveness_env
 from .role import server_argv, with_package_path
 from .supervisor import ProcSpec, Supervisor
 
@@ -98,13 +98,18 @@ def run_local(ns: argparse.Namespace, environ: Optional[Mapping[str, str]] = Non
               out: Optional[TextIO] = None, err: Optional[TextIO] = None) -> int:
     environ = dict(os.environ if environ is None else environ)
     num_servers = ns.servers or 1
+    err = err if err is not None else sys.stderr
+    try:
+        extra = dict(compression_env(ns, environ), **liveness_env(ns, environ))
+    except ValueError as e:
+        err.write(f"bpslaunch: {e}\n")
+        return 2
     run_dir = tempfile.mkdtemp(prefix="bps")
     specs = local_cluster_specs(ns.local, num_servers, ns.command, environ, run_dir,
-                                extra_env=compression_env(ns, environ))
+                                extra_env=extra)
     for s in specs:
         if s.role == "worker":
             os.makedirs(s.env[env.SOCKET_PATH.name], exist_ok=True)
-    err = err if err is not None else sys.stderr
     desc = ns.compressor or env.COMPRESSOR.get(environ)
     err.write(f"bpslaunch: local cluster: scheduler {LOCAL_HOST}:"
               f"{specs[0].env[env.NODE_PORT.name]}, {num_servers} server(s), {ns.local} "

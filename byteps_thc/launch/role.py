@@ -13,7 +13,7 @@ import sys
 from typing import Dict, List, Mapping, Optional, Sequence, TextIO
 
 from .. import env
-from .cli import compression_env
+from .cli import compression_env, liveness_env
 from .supervisor import ProcSpec, Supervisor
 
 
@@ -106,12 +106,17 @@ def run_role(ns: argparse.Namespace, environ: Optional[Mapping[str, str]] = None
              out: Optional[TextIO] = None, err: Optional[TextIO] = None) -> int:
     environ = dict(os.environ if environ is None else environ)
     environ.update(compression_env(ns, environ))
+    err = err if err is not None else sys.stderr
+    try:
+        environ.update(liveness_env(ns, environ))
+    except ValueError as e:
+        err.write(f"bpslaunch: {e}\n")
+        return 2
     if env.COMPRESSOR.get(environ) != "none":
         environ.setdefault(env.THREADPOOL_SIZE.name, str(env.threadpool_size(1)))
     # the server loop runs under this interpreter; keep its directory first on PATH for CMD too
     bindir = os.path.dirname(sys.executable)
     environ["PATH"] = bindir + os.pathsep + environ.get("PATH", "")
-    err = err if err is not None else sys.stderr
     try:
         specs = role_specs(environ, ns.command)
     except ValueError as e:

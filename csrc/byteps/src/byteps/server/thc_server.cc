@@ -19,6 +19,7 @@
 // errors (invalid or overflow-prone configuration, workers that disagree) fail every round of the
 // key. Other keys are unaffected; the server never aborts on a worker's input.
 #include "thc_server.h"
+#include "thc_stall.h"
 
 #include <cmath>
 #include <cstring>
@@ -351,6 +352,73 @@ void NormPush(ThcKey* k, uint64_t key, const ps::KVMeta& req, const ps::KVPairs<
   Complete(round, result, server, req_data);
 }
 
+// ---- the stall inspector (thc_stall.h): its own thread, under thc_mu_ like every handler ----
+struct StallWatches {
+  ps::Key raw_key = 0;  // the key as the workers send it (responses carry it back)
+  StallWatch data, norm;
+};
+ps::KVServer<char>* stall_server_ = nullptr;
+std::unordered_map<uint64_t, StallWatches> stall_watches_;
+StallSettings stall_settings_;
+
+void InspectRound(uint64_t key, const char* kind, ThcKey* k, Round* round, StallWatch* watch,
+                  ps::Key raw_key, double now) {
+  double waited = 0;
+  StallWatch::Action act =
+      watch->Look(round->completed + 1, !round->senders.empty(), now, stall_settings_, &waited);
+  if (act == StallWatch::kNone) return;
+  std::ostringstream os;
+  os << "THC key " << key << ", " << kind << " round " << round->completed + 1 << ": waited "
+     << static_cast<int64_t>(waited) << " s for the push of "
+     << DescribeWorkers(MissingWorkers(round->senders))
+     << " (pushed: " << DescribeWorkers(round->senders) << ")";
+  if (act == StallWatch::kWarn) {
+    os << "; BYTEPS_THC_STALL_WARN=" << stall_settings_.warn_s
+       << ", BYTEPS_THC_STALL_TIMEOUT=" << stall_settings_.timeout_s << " (0 = never fail)";
+    LOG(WARNING) << os.str();
+    return;
+  }
+  os << ": the round failed after BYTEPS_THC_STALL_TIMEOUT=" << stall_settings_.timeout_s
+     << " s; the server exits, which ends the cluster; find out why those workers stopped "
+     << "(their own logs say what they wait for)";
+  const std::string msg = os.str();
+  LOG(ERROR) << msg;
+  if (k->fatal.empty()) k->fatal = msg;
+  Fail(round, msg, false);
+  ps::KVPairs<char> req_data;
+  req_data.keys = ps::SArray<ps::Key>(1, raw_key);
+  for (const auto& req : round->pending) {
+    Respond(req, req_data, MakeError(msg, round->completed + 1), stall_server_);
+  }
+  round->pending.clear();
+  EndAfterStall(msg);
+}
+
+void InspectStalls() {
+  std::lock_guard<std::mutex> lock(thc_mu_);
+  const double now = StallNow();
+  for (auto& kv : stall_watches_) {
+    auto it = thc_keys_.find(kv.first);
+    if (it == thc_keys_.end()) continue;
+    ThcKey* k = it->second.get();
+    InspectRound(kv.first, "data", k, &k->data, &kv.second.data, kv.second.raw_key, now);
+    InspectRound(kv.first, "norm", k, &k->norm, &kv.second.norm, kv.second.raw_key, now);
+  }
+}
+
+// A THC registration: its key is watched from now on; the first one starts the inspector.
+void WatchForStalls(uint64_t key, const ps::KVPairs<char>& req_data, ps::KVServer<char>* server) {
+  if (req_data.keys.empty()) return;
+  if (stall_watches_.empty()) {
+    stall_settings_ = StallSettingsFromEnv();
+    if (stall_settings_.warn_s > 0 || stall_settings_.timeout_s > 0) {
+      StartStallInspector(InspectStalls);
+    }
+  }
+  stall_server_ = server;
+  stall_watches_[key].raw_key = req_data.keys[0];
+}
+
 }  // namespace
 
 bool ThcHandleRequest(int request_type, uint64_t key, const ps::KVMeta& req_meta,
@@ -369,6 +437,7 @@ bool ThcHandleRequest(int request_type, uint64_t key, const ps::KVMeta& req_meta
       k = (thc_keys_[key] = std::unique_ptr<ThcKey>(new ThcKey)).get();
     }
     Register(k, key, req_meta, req_data, server, stored_len, stored_dtype);
+    WatchForStalls(key, req_data, server);
     return true;
   }
   if (request_type == tw::kThcNormRequest) {

@@ -1,0 +1,60 @@
+// byteps-thc: dead-node detection for ps-lite (patch 0017 hooks it into the van).
+//
+// Every worker and server sends a heartbeat to the scheduler each PS_HEARTBEAT_INTERVAL seconds
+// and the scheduler answers each one. A node is dead when nothing was heard from it for
+// PS_HEARTBEAT_TIMEOUT seconds:
+// - the scheduler watches every worker and server that has sent at least one heartbeat (a node
+//   whose heartbeats are off is never declared dead); it tells every survivor with a DEAD_NODE
+//   control message that names the dead node, then fails itself;
+// - a worker or server watches the scheduler's answers and fails itself when they stop.
+// Failing runs the handler (SetDeadNodeHandler) once per process. Either variable at 0 (the
+// default) turns detection off, as upstream.
+#ifndef PS_INTERNAL_LIVENESS_H_
+#define PS_INTERNAL_LIVENESS_H_
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "ps/internal/message.h"
+
+namespace ps {
+class Van;
+
+// Called at most once per process, on a thread of ps-lite's (the receiver or the liveness
+// thread), when this node learns that a peer is gone: `dead` is that node and `why` names it
+// (role, worker id or rank, ps-lite id, address) and says how it was found. Without a handler
+// ps-lite logs `why` and ends the process with status kDeadNodeExitStatus; _exit, since other
+// threads may be blocked on the dead peer and destructors could wait for them forever. A handler
+// that returns keeps the process running with ClusterFailed() true; barriers then return at once
+// (Finalize included), so a process can still shut down.
+using DeadNodeHandler = std::function<void(const Node& dead, const std::string& why)>;
+void SetDeadNodeHandler(DeadNodeHandler handler);
+constexpr int kDeadNodeExitStatus = 1;
+
+// Whether this process has learnt of a dead node, and the message it was told.
+bool ClusterFailed();
+std::string ClusterFailure();
+
+// PS_HEARTBEAT_TIMEOUT in seconds (0: detection off).
+int DeadNodeTimeout();
+
+// The node with ps-lite id `id` as the scheduler announced it; false while unknown.
+bool LookupNode(int id, Node* node);
+// "worker 1 (ps-lite node 11, 10.0.0.2:9000)": a worker by its DMLC_WORKER_ID where it announced
+// one (Node::aux_id), else by its ps-lite rank; a server by its rank.
+std::string DescribeNode(const Node& node);
+std::string DescribeNodeId(int id);
+
+namespace liveness {
+// The hooks of patch 0017.
+int MyWorkerId();                                  // DMLC_WORKER_ID of a worker, else -1
+void RecordNodes(const std::vector<Node>& nodes);  // the node list of every ADD_NODE
+void Start(Van* van);                              // once the van is ready
+void Stop();                                       // before the van stops
+void OnHeartbeat(int sender_id);                   // a HEARTBEAT (or its answer) arrived
+void OnDeadNodeNotice(const Message& msg);         // a DEAD_NODE from the scheduler
+}  // namespace liveness
+}  // namespace ps
+
+#endif  // PS_INTERNAL_LIVENESS_H_

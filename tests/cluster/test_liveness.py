@@ -1,0 +1,222 @@
+"""Dead nodes and stalled rounds in role mode: one `bpslaunch` per role, configured by DMLC_* as
+on separate machines, with the real BytePS scheduler, server and workers on 127.0.0.1.
+
+- a server or a worker SIGKILLed mid-training: every other process exits non-zero, the workers
+  naming the dead node (role, id, address), found by ps-lite's heartbeats;
+- a worker that sleeps inside training: the server names the missing worker, fails the round
+  after BYTEPS_THC_STALL_TIMEOUT, and every process exits non-zero; nothing is left behind.
+
+Timeouts: BYTEPS_THC_DEAD_NODE_TIMEOUT=8, so heartbeats every second; a live node would have to
+miss eight in a row (8 s without one scheduled on this host) to be declared dead.
+"""
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from byteps_thc.launch import free_ports
+from byteps_thc.launch.supervisor import child_pids
+from test_launch_local import (
+    ROOT,
+    pytestmark,  # noqa: F401  (this module's marks)
+    shm_of_cluster,
+    stop_launchers,
+    survivors,
+)
+
+_fork_dir = os.environ.get("BYTEPS_THC_FORK_DIR", "")
+FORK_DIR = os.path.abspath(_fork_dir) if _fork_dir else ""
+DEAD_NODE_TIMEOUT = 8
+# a worker's grace after the report is the same timeout (thc_liveness.h); detection, the
+# scheduler's notices and the grace together stay far below this bound for every wait below
+EXIT_BOUND = 120
+
+
+def _is_watchdog(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"watchdog.py" in f.read()
+    except OSError:
+        return True  # gone: nothing to kill
+
+
+def train_script(tmp_path, body):
+    """A worker that trains a model with one THC-sized layer, running `body` at each step."""
+    path = tmp_path / "train.py"
+    path.write_text(textwrap.dedent("""
+        import os, sys, time
+        import torch
+        import byteps.torch as bps
+        bps.init()
+        rank = bps.rank()
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(300, 300), torch.nn.Linear(300, 10))
+        opt = bps.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
+                                       named_parameters=model.named_parameters())
+        x, y = torch.randn(16, 300), torch.randint(0, 10, (16,))
+        for step in range(100000):
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+    """) + textwrap.indent(textwrap.dedent(body) + textwrap.dedent("""
+        opt.step()
+        if step % 5 == 0:
+            print("step", step, flush=True)
+    """), "    "))
+    return str(path)
+
+
+class RoleCluster:
+    """Scheduler, one server and two workers, each its own `bpslaunch` and process group, with
+    its output in a file (no pipe can fill up and block it)."""
+
+    def __init__(self, tmp_path, script, worker_flags=(), server_flags=(), extra_env=None):
+        self.port, self.sport, w0, w1 = free_ports(4)
+        paths = [FORK_DIR, ROOT, os.environ.get("PYTHONPATH", "")]
+        base = {k: v for k, v in os.environ.items()
+                if not k.startswith(("DMLC_", "BYTEPS_", "PS_"))}
+        base.update(DMLC_NUM_WORKER="2", DMLC_NUM_SERVER="1", DMLC_PS_ROOT_URI="127.0.0.1",
+                    DMLC_PS_ROOT_PORT=str(self.port), DMLC_NODE_HOST="127.0.0.1",
+                    BYTEPS_THC_DEAD_NODE_TIMEOUT=str(DEAD_NODE_TIMEOUT), OMP_NUM_THREADS="1",
+                    PYTHONPATH=os.pathsep.join(p for p in paths if p), **(extra_env or {}))
+        self.wports = (w0, w1)
+        launch = [sys.executable, "-m", "byteps_thc.launch"]
+        self.roles = [
+            ("scheduler", {}, launch),
+            ("server", {"DMLC_NODE_PORT": str(self.sport)}, launch + list(server_flags)),
+        ] + [(f"worker {i}", {"DMLC_WORKER_ID": str(i), "DMLC_NODE_PORT": str(p),
+                              "BYTEPS_SOCKET_PATH": str(tmp_path / f"w{i}")},
+              launch + list(worker_flags) + ["--", sys.executable, script])
+             for i, p in enumerate(self.wports)]
+        self.procs, self.logs = {}, {}
+        for name, extra, argv in self.roles:
+            if name.startswith("worker"):
+                (tmp_path / f"w{name[-1]}").mkdir()
+            env = dict(base, DMLC_ROLE=name.split()[0], **extra)
+            self.logs[name] = tmp_path / f"{name.replace(' ', '')}.log"
+            with open(self.logs[name], "w") as log:
+                self.procs[name] = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log,
+                                                    stderr=subprocess.STDOUT,
+                                                    start_new_session=True)
+
+    def text(self, name):
+        return self.logs[name].read_text(errors="replace")
+
+    def all_text(self):
+        return "\n".join(f"---- {n}\n{self.text(n)[-4000:]}" for n in self.procs)
+
+    def wait_for(self, names, needle, timeout):
+        """Until every log of `names` holds `needle`; AssertionError after `timeout` s."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if all(needle in self.text(n) for n in names):
+                return
+            if any(self.procs[n].poll() is not None for n in names):
+                break
+            time.sleep(0.2)
+        raise AssertionError(f"no {needle!r} in {names} after {timeout} s\n{self.all_text()}")
+
+    def kill_role(self, name):
+        """SIGKILL the BytePS process a launcher runs (its child), as a machine dies."""
+        kids = [pid for pid in child_pids(self.procs[name].pid) if not _is_watchdog(pid)]
+        assert kids, f"{name} runs no process\n{self.all_text()}"
+        for pid in kids:
+            os.kill(pid, signal.SIGKILL)
+        return time.monotonic()
+
+    def wait_all(self, names, timeout, since=None):
+        """Exit codes of `names` once they all ended; AssertionError past `timeout` s. With
+        `since` (a monotonic time), prints how long after it each one ended (pytest -s)."""
+        t0 = time.monotonic()
+        deadline = t0 + timeout
+        ended = {}
+        while len(ended) < len(names):
+            for n in names:
+                if n not in ended and self.procs[n].poll() is not None:
+                    ended[n] = time.monotonic()
+            if time.monotonic() > deadline:
+                late = [n for n in names if n not in ended]
+                raise AssertionError(f"{late} still run {timeout} s later\n{self.all_text()}")
+            time.sleep(0.1)
+        if since is not None:
+            print("exited after: " + ", ".join(f"{n} {ended[n] - since:.1f} s (code "
+                                                f"{self.procs[n].returncode})" for n in names))
+        return {n: self.procs[n].returncode for n in names}
+
+    def stop(self):
+        stop_launchers(list(self.procs.values()))
+        return survivors(self.port)
+
+
+@pytest.fixture
+def role_cluster(tmp_path):
+    made = []
+
+    def start(*args, **kwargs):
+        made.append(RoleCluster(tmp_path, *args, **kwargs))
+        return made[-1]
+    yield start
+    for c in made:
+        c.stop()
+
+
+def _address(port):
+    return f"127.0.0.1:{port}"
+
+
+def test_server_killed_fails_every_worker_naming_it(tmp_path, role_cluster):
+    c = role_cluster(train_script(tmp_path, ""))
+    c.wait_for(["worker 0", "worker 1"], "step 5", timeout=240)
+    killed = c.kill_role("server")
+    codes = c.wait_all(["worker 0", "worker 1", "scheduler"], EXIT_BOUND, since=killed)
+    assert all(code != 0 for code in codes.values()), (codes, c.all_text())
+    for w in ("worker 0", "worker 1"):
+        text = c.text(w)
+        # the report names the role, the id and the address of the dead server
+        assert "server rank 0 (ps-lite node 8, " + _address(c.sport) + ")" in text, text[-3000:]
+        assert "is gone: no heartbeat" in text, text[-3000:]
+        assert "RuntimeError" in text, text[-3000:]  # the script's push_pull raised it
+    assert "server rank 0" in c.text("scheduler")
+    assert c.stop() == [] and shm_of_cluster(c.port) == []
+
+
+def test_worker_killed_fails_the_other_worker_and_the_server(tmp_path, role_cluster):
+    c = role_cluster(train_script(tmp_path, ""))
+    c.wait_for(["worker 0", "worker 1"], "step 5", timeout=240)
+    killed = c.kill_role("worker 1")
+    codes = c.wait_all(["worker 0", "server", "scheduler"], EXIT_BOUND, since=killed)
+    assert all(code != 0 for code in codes.values()), (codes, c.all_text())
+    dead = "worker 1 (ps-lite node "
+    for n in ("worker 0", "server", "scheduler"):
+        text = c.text(n)
+        assert dead in text and _address(c.wports[1]) in text, (n, text[-3000:])
+    assert "RuntimeError" in c.text("worker 0")
+    assert c.stop() == [] and shm_of_cluster(c.port) == []
+
+
+def test_stalled_worker_is_named_and_every_process_exits(tmp_path, role_cluster):
+    # worker 1 stops calling step() after step 3, as in a data-loader deadlock
+    c = role_cluster(train_script(tmp_path, """
+        if rank == 1 and step == 3:
+            print("worker 1 sleeps", flush=True)
+            time.sleep(600)
+    """), worker_flags=["--compressor", "thc"], server_flags=["--stall-timeout", "10"],
+        extra_env={"BYTEPS_THC_STALL_WARN": "4"})
+    c.wait_for(["worker 1"], "worker 1 sleeps", timeout=240)
+    names = ["scheduler", "server", "worker 0", "worker 1"]
+    codes = c.wait_all(names, EXIT_BOUND, since=time.monotonic())
+    assert all(code != 0 for code in codes.values()), (codes, c.all_text())
+    server = c.text("server")
+    # the warning, then the failure, name the missing worker by its DMLC_WORKER_ID and address
+    missing = "for the push of worker 1 (ps-lite node "
+    assert missing in server and _address(c.wports[1]) in server, server[-3000:]
+    assert "BYTEPS_THC_STALL_WARN=4" in server, server[-3000:]
+    assert "the round failed after BYTEPS_THC_STALL_TIMEOUT=10 s" in server, server[-3000:]
+    w0 = c.text("worker 0")
+    assert "RuntimeError" in w0 and "BYTEPS_THC_STALL_TIMEOUT=10" in w0, w0[-3000:]
+    # the sleeping worker learns of the cluster's end and leaves after its grace period
+    assert "still running" in c.text("worker 1"), c.text("worker 1")[-3000:]
+    assert c.stop() == [] and shm_of_cluster(c.port) == []
