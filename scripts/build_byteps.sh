@@ -258,7 +258,8 @@ if [ "$server_only" = 0 ] && [ "$with_mx" = 1 ]; then
 fi
 # A wheel first, then an install of that wheel (what `pip install .` does, with the wheel kept)
 pip_args=(--no-deps --no-cache-dir --disable-pip-version-check)
-inst_args=(install "${pip_args[@]}")
+# --force-reinstall: a wheel of the same version (the sdist's) is otherwise "already satisfied"
+inst_args=(install --force-reinstall "${pip_args[@]}")
 [ -n "$target" ] && inst_args+=(--target "$target" --upgrade)
 log "compiling (full log: $work/build.log)"
 set +e
