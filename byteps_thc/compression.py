@@ -34,6 +34,8 @@ from typing import Callable, Dict, Mapping, Optional, Tuple
 
 from . import env
 from .config import ThcConfig
+from .lhc_compression import LhcMixin, lhc_config  # noqa: F401  (re-exported: adapters)
+from .lhc_config import LhcConfig
 
 K_COMPRESSORS = ("topk", "randomk", "dithering")
 THC_PARAMS = tuple(f.name for f in dataclasses.fields(ThcConfig))
@@ -123,13 +125,15 @@ def k_kwargs(name: str, k, seed: Optional[int] = None,
 
 def compressor_from_env(environ: Optional[Mapping[str, str]] = None) -> Tuple[str, object]:
     """What `bpslaunch --compressor` chose, as (name, what): ("none", None), ("fp16", None),
-    ("thc", ThcConfig) or (registry name, kwargs)."""
+    ("thc", ThcConfig), ("lhc", LhcConfig) or (registry name, kwargs)."""
     name = env.COMPRESSOR.get(environ)  # one of env.COMPRESSORS, else it raises
     ef = env.COMPRESSOR_EF.get(environ) == "vanilla"
     if name in ("none", "fp16"):
         return name, None
     if name == "thc":
         return name, ThcConfig.from_env(environ)
+    if name == "lhc":
+        return name, LhcConfig.from_env(environ)
     if name == "onebit":
         return name, onebit_kwargs(error_feedback=ef)
     k = env.COMPRESSOR_K.get(environ)  # name is one of K_COMPRESSORS
@@ -240,6 +244,7 @@ class CompressionBase:
     fp16: Compressor = None
     _registry_class = RegistryCompressor
     _thc_class = None
+    _lhc_class = None
 
     @classmethod
     def thc(cls, config: Optional[ThcConfig] = None, **params):
@@ -247,6 +252,12 @@ class CompressionBase:
         overflow_prob, seed, rotation_block, error_feedback; its defaults for the others);
         validated here, before any push."""
         return cls._thc_class(thc_config(config, **params))
+
+    @classmethod
+    def lhc(cls, config: Optional[LhcConfig] = None, **params):
+        """LHC (lossless for sparse gradients, docs/LHC.md) with a ready `config`, or with
+        `params` (LhcConfig's fields: capacity, topk, seed, error_feedback, topk_method)."""
+        return cls._lhc_class(lhc_config(config, **params))
 
     @classmethod
     def onebit(cls, scaling: bool = False, error_feedback: bool = False):
@@ -274,6 +285,8 @@ class CompressionBase:
             return cls.fp16
         if name == "thc":
             return cls._thc_class(what)
+        if name == "lhc":
+            return cls._lhc_class(what)
         return cls._registry_class(name, what)
 
 
@@ -337,7 +350,7 @@ def conflict_message(choice: Choice, environ: Optional[Mapping[str, str]] = None
 def describe(compressor) -> str:
     """The compressor and its settings (THC: ThcConfig.describe())."""
     config = getattr(compressor, "config", None)
-    if isinstance(config, ThcConfig):
+    if isinstance(config, (ThcConfig, LhcConfig)):
         return config.describe()
     return repr(compressor)
 

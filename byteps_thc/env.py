@@ -129,7 +129,7 @@ class Setting:
 
 
 # Compression, as bpslaunch's flags set it and the adapters read it
-COMPRESSORS = ("none", "thc", "fp16", "onebit", "topk", "randomk", "dithering")
+COMPRESSORS = ("none", "thc", "lhc", "fp16", "onebit", "topk", "randomk", "dithering")
 COMPRESSOR = Setting("BYTEPS_COMPRESSOR", "none", parse_choice(*COMPRESSORS),
                      " | ".join(COMPRESSORS))
 COMPRESSOR_SET_BY = Setting("BYTEPS_COMPRESSOR_SET_BY", None, parse_choice("bpslaunch"),
@@ -167,6 +167,34 @@ THC: Dict[str, Setting] = {
     "seed": THC_SEED,
     "rotation_block": THC_ROTATION_BLOCK,
     "error_feedback": THC_ERROR_FEEDBACK,
+}
+
+
+def parse_topk(text: str) -> Optional[float]:
+    """0 or none: no sparsifier; else a fraction in (0, 1] (LhcConfig checks the range)."""
+    if text.lower() in ("0", "none", "off"):
+        return None
+    return float(text)
+
+
+# LHC hyper-parameters, keyed by LhcConfig field (None: LhcConfig's default). The non-finite mode
+# is THC's BYTEPS_THC_NONFINITE (the same max round decides it).
+LHC_CAPACITY = Setting("BYTEPS_LHC_CAPACITY", None, parse_positive_int,
+                       "the most nonzeros of one partition's summed gradient (sizes the sketch)")
+LHC_TOPK = Setting("BYTEPS_LHC_TOPK", None, parse_topk,
+                   "fraction each worker keeps per partition (0 = none: the input as it is)")
+LHC_TOPK_METHOD = Setting("BYTEPS_LHC_TOPK_METHOD", None, parse_choice("exact", "sampled"),
+                          "exact | sampled: exact top-k, or a threshold from 1024 samples")
+LHC_SEED = Setting("BYTEPS_LHC_SEED", None, parse_nonnegative_int,
+                   "hash seed, the same on every worker")
+LHC_ERROR_FEEDBACK = Setting("BYTEPS_LHC_ERROR_FEEDBACK", None, parse_bool,
+                             "1 | 0: keep what top-k dropped for the next step")
+LHC: Dict[str, Setting] = {
+    "capacity": LHC_CAPACITY,
+    "topk": LHC_TOPK,
+    "topk_method": LHC_TOPK_METHOD,
+    "seed": LHC_SEED,
+    "error_feedback": LHC_ERROR_FEEDBACK,
 }
 
 # The cluster: ps-lite's and BytePS's own variables, as the launcher sets and checks them

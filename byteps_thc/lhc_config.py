@@ -10,7 +10,9 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
-from typing import Optional
+from typing import Mapping, Optional
+
+from . import env
 
 # Peeling threshold of a 3-uniform hypergraph (spec §3): peeling succeeds w.h.p. below N/m = c_3.
 PEELING_THRESHOLD = 0.8185
@@ -101,6 +103,30 @@ class LhcConfig:
             "lhc_seed": str(self.seed),
             "lhc_error_feedback": "1" if self.error_feedback else "0",
         }
+
+    @classmethod
+    def from_env(cls, environ: Optional[Mapping[str, str]] = None) -> "LhcConfig":
+        """The configuration `bpslaunch --lhc-*` set (env.LHC: BYTEPS_LHC_*); LhcConfig's defaults
+        for what is unset. A value that does not parse raises with the variable named."""
+        return cls(**{field: setting.get(environ) for field, setting in env.LHC.items()
+                      if setting.is_set(environ)})
+
+    def to_env(self) -> dict:
+        """The variables that choose LHC with this configuration (launcher side):
+        BYTEPS_COMPRESSOR and every BYTEPS_LHC_*, in the text their parsers read back."""
+        out = {env.COMPRESSOR.name: "lhc"}
+        for field, setting in env.LHC.items():
+            value = getattr(self, field)
+            if isinstance(value, bool):
+                text = "1" if value else "0"
+            elif value is None:
+                text = "0"  # topk: 0 reads back as None, no sparsifier
+            elif isinstance(value, str):
+                text = value
+            else:
+                text = repr(value)  # int as is; float round-trips exactly
+            out[setting.name] = text
+        return out
 
     @classmethod
     def from_kwargs(cls, kwargs) -> "LhcConfig":

@@ -25,6 +25,8 @@ from . import compression as _c
 from . import env
 from .compression import THC_PARAMS, thc_config, thc_kwargs, thc_repr
 from .config import ThcConfig
+from .lhc_compression import LHC_PARAMS, lhc_config, lhc_kwargs, lhc_repr
+from .lhc_config import LhcConfig
 
 
 class ThcCompression:
@@ -41,14 +43,41 @@ class ThcCompression:
         return thc_repr(self.config)
 
 
+class LhcCompression:
+    """LHC for MXNet: the kwargs each large float parameter's gradient is declared with (the
+    same door as THC's, the same kwargs as every framework's)."""
+    name = "lhc"
+
+    def __init__(self, config: LhcConfig):
+        self.config = lhc_config(config=config)
+
+    def kwargs(self) -> dict:
+        return lhc_kwargs(self.config)
+
+    def __repr__(self):
+        return lhc_repr(self.config)
+
+
+def lhc(config: Optional[LhcConfig] = None, **params) -> LhcCompression:
+    """LHC with a ready `config`, or with `params` (LhcConfig's fields)."""
+    return LhcCompression(lhc_config(config, **params))
+
+
 def thc(config: Optional[ThcConfig] = None, **params) -> ThcCompression:
     """THC with a ready `config`, or with `params` (ThcConfig's fields; its defaults for the
     others)."""
     return ThcCompression(thc_config(config, **params))
 
 
-def from_params(compression_params: Optional[Mapping]) -> Optional[ThcCompression]:
-    """THC from upstream-style `compression_params` ({"compressor": "thc", "bits": 4, ...})."""
+def from_params(compression_params: Optional[Mapping]):
+    """THC or LHC from upstream-style `compression_params` ({"compressor": "thc", "bits": 4, ...},
+    {"compressor": "lhc", "capacity": 4096})."""
+    if compression_params and compression_params.get("compressor") == "lhc":
+        unknown = set(compression_params) - {"compressor", *LHC_PARAMS}
+        if unknown:
+            raise ValueError(f"compression_params for lhc: unknown keys {sorted(unknown)}; "
+                             f"known: {list(LHC_PARAMS)}")
+        return lhc(**{k: v for k, v in compression_params.items() if k != "compressor"})
     if not compression_params or compression_params.get("compressor") != "thc":
         return None
     unknown = set(compression_params) - {"compressor", *THC_PARAMS}
@@ -58,9 +87,12 @@ def from_params(compression_params: Optional[Mapping]) -> Optional[ThcCompressio
     return thc(**{k: v for k, v in compression_params.items() if k != "compressor"})
 
 
-def from_env(environ: Optional[Mapping[str, str]] = None) -> Optional[ThcCompression]:
-    """THC when `bpslaunch --compressor thc` chose it (BYTEPS_COMPRESSOR, BYTEPS_THC_*); None
-    for anything else (BytePS's own compressors are chosen with compression_params)."""
+def from_env(environ: Optional[Mapping[str, str]] = None):
+    """THC or LHC when `bpslaunch --compressor thc|lhc` chose it (BYTEPS_COMPRESSOR,
+    BYTEPS_THC_*, BYTEPS_LHC_*); None for anything else (BytePS's own compressors are chosen with
+    compression_params)."""
+    if env.COMPRESSOR.get(environ) == "lhc":
+        return LhcCompression(LhcConfig.from_env(environ))
     if env.COMPRESSOR.get(environ) != "thc":
         return None
     return ThcCompression(ThcConfig.from_env(environ))
@@ -109,7 +141,7 @@ def _make_trainer():
         choice = choose(compression, compression_params)
         chosen = choice.compressor
         _c.warn_conflict(choice, rank())
-        thc = isinstance(chosen, ThcCompression)
+        thc = isinstance(chosen, (ThcCompression, LhcCompression))  # our kwargs on each param
         if not thc:
             compression_params = chosen.params or None
         gated = chosen.name not in ("none", "fp16")  # registry compressors: size-gated
@@ -144,8 +176,10 @@ def _make_trainer():
 
 
 class Compression:
-    """THC for byteps.mxnet (BytePS's own compressors are chosen with compression_params)."""
+    """THC and LHC for byteps.mxnet (BytePS's own compressors are chosen with
+    compression_params)."""
     thc = staticmethod(thc)
+    lhc = staticmethod(lhc)
     from_env = staticmethod(from_env)
 
 

@@ -44,6 +44,7 @@ from . import env
 from . import waits as _waits
 from .compression import Compressor
 from .config import ThcConfig  # noqa: F401 - part of this module's namespace
+from .lhc_config import LhcConfig  # noqa: F401 - part of this module's namespace
 
 # dtypes BytePS's torch plugin pushes as they are; others (bfloat16) travel as float32.
 _NATIVE = (torch.float32, torch.float64, torch.float16, torch.uint8, torch.int32, torch.int64)
@@ -110,6 +111,11 @@ class ThcCompressor(_c.ThcMixin, RegistryCompressor):
     """
 
 
+class LhcCompressor(_c.LhcMixin, RegistryCompressor):
+    """LHC: support bitmap and int32 sketch up, their OR and sum down, the exact sum decoded by
+    peeling (docs/LHC.md). Carries one LhcConfig, declared as `config.to_kwargs()`."""
+
+
 class Compression(_c.CompressionBase):
     """Optional gradient compression used by DistributedOptimizer and push_pull: `none` (do not
     compress), `fp16` (cast floating-point gradients to 16 bits), `thc(...)`, BytePS's
@@ -120,6 +126,7 @@ class Compression(_c.CompressionBase):
     fp16 = FP16Compressor()
     _registry_class = RegistryCompressor
     _thc_class = ThcCompressor
+    _lhc_class = LhcCompressor
 
 
 # ------------------------------------------------------------------------------------------------
@@ -466,5 +473,5 @@ def _rebuild(like, flat: list):
 
 
 __all__ = ["Compression", "Compressor", "NoneCompressor", "FP16Compressor", "RegistryCompressor",
-           "ThcCompressor", "DistributedOptimizer", "broadcast_parameters",
+           "ThcCompressor", "LhcCompressor", "DistributedOptimizer", "broadcast_parameters",
            "broadcast_optimizer_state", "declare"]

@@ -3,7 +3,7 @@
 #   the pinned byteps==0.2.5.post15 sdist (downloaded with pip, sha256-checked)
 #   + our patch series csrc/byteps/patches/*.patch (applied in name order)
 #   + our sources: every file under csrc/byteps/src/ (same relative path in the tree)
-#     and the codec core csrc/thc/*.{h,cc} (into thc/ of the tree)
+#     and the codec cores csrc/thc/*.{h,cc} and csrc/lhc/*.{h,cc} (into thc/ and lhc/)
 # -> the server and the PyTorch plugin, built as a wheel in .cache/byteps/build/KEY/dist/ and
 #    installed from that wheel with pip (the wheel stays: the Docker image installs the same one).
 #
@@ -41,6 +41,7 @@ SDIST_SIZE=4568030
 PATCHES="$ROOT/csrc/byteps/patches"
 SRC="$ROOT/csrc/byteps/src"
 CORE="$ROOT/csrc/thc"
+LHC_CORE="$ROOT/csrc/lhc"
 CACHE="$ROOT/.cache/byteps"
 export BYTEPS_BUILD_JOBS="${BYTEPS_BUILD_JOBS:-2}"
 
@@ -173,6 +174,7 @@ for d in ("tensorflow", "tensorflow-cpu", "keras", "mxnet"):
   for p in $(patch_list); do sha256sum "$p"; done
   (cd "$SRC" 2>/dev/null && find . -type f ! -name '*.pyc' ! -path '*/__pycache__/*' | sort | xargs -r sha256sum)
   (cd "$CORE" && find . -maxdepth 1 -type f \( -name '*.h' -o -name '*.cc' \) | sort | xargs -r sha256sum)
+  (cd "$LHC_CORE" && find . -maxdepth 1 -type f \( -name '*.h' -o -name '*.cc' \) | sort | xargs -r sha256sum)
 } | sha256sum | cut -c1-16)"
 
 dest="${target:-$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')}"
@@ -234,10 +236,12 @@ if [ -d "$SRC" ]; then
     mkdir -p "$(dirname "$rel")"; cp "$SRC/$rel" "$rel"; echo "$rel" >> thc_added_files.txt
   done
 fi
-mkdir -p thc
-for f in "$CORE"/*.h "$CORE"/*.cc; do
-  [ -e "$f" ] || continue
-  cp "$f" thc/; echo "thc/$(basename "$f")" >> thc_added_files.txt
+for core in "$CORE" "$LHC_CORE"; do  # csrc/thc -> thc/, csrc/lhc -> lhc/
+  sub="$(basename "$core")"; mkdir -p "$sub"
+  for f in "$core"/*.h "$core"/*.cc; do
+    [ -e "$f" ] || continue
+    cp "$f" "$sub/"; echo "$sub/$(basename "$f")" >> thc_added_files.txt
+  done
 done
 log "added $(wc -l < thc_added_files.txt) files of ours"
 # ZeroMQ does not change with our patches: reuse the one built before (saves ~30 s).

@@ -2,7 +2,7 @@
 
 The compression flags only add environment (byteps_thc.env names it): the workers' side
 (byteps_thc.config, byteps_thc.torch...) reads it back. THC's variables are written by
-ThcConfig.to_env(), the one serialisation of a THC configuration.
+ThcConfig.to_env(), the one serialisation of a THC configuration; LHC's by LhcConfig.to_env().
 """
 from __future__ import annotations
 
@@ -13,12 +13,14 @@ from typing import Callable, Dict, Mapping, Optional, Sequence
 
 from .. import env
 from ..config import ThcConfig
+from ..lhc_config import LhcConfig
 
-COMPRESSORS = ("none", "thc", "fp16", "onebit", "topk", "randomk", "dithering")
+COMPRESSORS = env.COMPRESSORS
 
 # Defaults shown in the help come from where they live: the settings and ThcConfig.
 _MIN_BYTES = env.MIN_COMPRESS_BYTES.default
 _D = ThcConfig()
+_L = LhcConfig()
 
 HELP_EPILOG = f"""\
 compression (reaches every worker as environment; byteps.torch.DistributedOptimizer uses it when
@@ -30,6 +32,12 @@ no `compression=` argument is given):
   --thc-seed S          BYTEPS_THC_SEED            rotation seed, same on every worker ({_D.seed})
   --thc-rotation-block  BYTEPS_THC_ROTATION_BLOCK  Hadamard block, power of two (0 = partition)
   --thc-no-error-feedback  BYTEPS_THC_ERROR_FEEDBACK=0
+  --compressor lhc      BYTEPS_COMPRESSOR=lhc and the BYTEPS_LHC_* variables below (docs/LHC.md)
+  --lhc-capacity N      BYTEPS_LHC_CAPACITY        most nonzeros of one partition's sum
+  --lhc-topk F          BYTEPS_LHC_TOPK            fraction kept per worker (0 = input as it is)
+  --lhc-topk-method M   BYTEPS_LHC_TOPK_METHOD     exact | sampled ({_L.topk_method})
+  --lhc-seed S          BYTEPS_LHC_SEED            hash seed, same on every worker ({_L.seed})
+  --lhc-no-error-feedback  BYTEPS_LHC_ERROR_FEEDBACK=0
   --compressor-k K      BYTEPS_COMPRESSOR_K        k of topk/randomk (count or fraction),
                                                    dithering's levels
   --compressor-ef vanilla  BYTEPS_COMPRESSOR_EF    error feedback for onebit/topk/randomk/dithering
@@ -131,6 +139,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="THC Hadamard block, a power of two (default: whole partition)")
     c.add_argument("--thc-no-error-feedback", action="store_true",
                    help="turn THC's error feedback off")
+    c.add_argument("--lhc-capacity", type=_positive_int, metavar="N",
+                   help=f"LHC: most nonzeros of one partition's summed gradient ({_L.capacity})")
+    c.add_argument("--lhc-topk", type=float, metavar="F",
+                   help="LHC: fraction each worker keeps per partition (default: all, as it is)")
+    c.add_argument("--lhc-topk-method", choices=("exact", "sampled"), default=None,
+                   help=f"LHC: exact top-k or a sampled threshold ({_L.topk_method})")
+    c.add_argument("--lhc-seed", type=int, metavar="S", help=f"LHC hash seed ({_L.seed})")
+    c.add_argument("--lhc-no-error-feedback", action="store_true",
+                   help="turn LHC's top-k error feedback off")
     c.add_argument("--compressor-k", metavar="K",
                    help="k for topk/randomk (count or fraction) and dithering (levels)")
     c.add_argument("--compressor-ef", choices=("none", "vanilla"), default=None,
@@ -182,6 +199,16 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         elif ns.compressor != "thc":
             parser.error(f"--{thc_flags[0].replace('_', '-')} needs --compressor thc, "
                          f"not {ns.compressor}")
+    lhc_flags = [f for f in ("lhc_capacity", "lhc_topk", "lhc_topk_method", "lhc_seed")
+                 if getattr(ns, f) is not None]
+    if ns.lhc_no_error_feedback:
+        lhc_flags.append("lhc_no_error_feedback")
+    if lhc_flags:
+        if ns.compressor is None:
+            ns.compressor = "lhc"
+        elif ns.compressor != "lhc":
+            parser.error(f"--{lhc_flags[0].replace('_', '-')} needs --compressor lhc, "
+                         f"not {ns.compressor}")
     if ns.compressor_k is not None and ns.compressor not in ("topk", "randomk", "dithering"):
         parser.error("--compressor-k applies to --compressor topk, randomk or dithering")
     if ns.compressor in ("topk", "randomk", "dithering") and ns.compressor_k is None:
@@ -195,7 +222,28 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
             thc_config(ns)  # validates the combination (table exists, lanes fit) before launch
         except ValueError as e:
             parser.error(f"invalid THC configuration: {e}")
+    if ns.compressor == "lhc":
+        try:
+            lhc_config(ns)
+        except ValueError as e:
+            parser.error(f"invalid LHC configuration: {e}")
     return ns
+
+
+def lhc_config(ns: argparse.Namespace, environ: Optional[Mapping[str, str]] = None) -> LhcConfig:
+    """The LhcConfig the flags describe, on top of any BYTEPS_LHC_* already in the environment."""
+    names = {s.name for s in env.LHC.values()}
+    lhc_env = {k: v for k, v in (os.environ if environ is None else environ).items()
+               if k in names}
+    for field in ("capacity", "topk", "seed"):
+        v = getattr(ns, "lhc_" + field)
+        if v is not None:
+            lhc_env[env.LHC[field].name] = repr(v)
+    if ns.lhc_topk_method is not None:
+        lhc_env[env.LHC["topk_method"].name] = ns.lhc_topk_method
+    if ns.lhc_no_error_feedback:
+        lhc_env[env.LHC["error_feedback"].name] = "0"
+    return LhcConfig.from_env(lhc_env)
 
 
 def thc_config(ns: argparse.Namespace, environ: Optional[Mapping[str, str]] = None) -> ThcConfig:
@@ -225,6 +273,8 @@ def compression_env(ns: argparse.Namespace,
         return out
     if ns.compressor == "thc":
         out.update(thc_config(ns, environ).to_env())
+    if ns.compressor == "lhc":
+        out.update(lhc_config(ns, environ).to_env())
     out[env.COMPRESSOR.name] = ns.compressor
     out[env.COMPRESSOR_SET_BY.name] = "bpslaunch"  # the workers' "what is in force" line says so
     if ns.compressor_k is not None:

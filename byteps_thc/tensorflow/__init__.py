@@ -71,7 +71,7 @@ from .training import (
 )
 
 __all__ = ["Compression", "Compressor", "NoneCompressor", "FP16Compressor", "RegistryCompressor",
-           "ThcCompressor", "push_pull", "broadcast", "broadcast_variables",
+           "ThcCompressor", "LhcCompressor", "push_pull", "broadcast", "broadcast_variables",
            "broadcast_global_variables", "DistributedGradientTape", "DistributedOptimizer",
            "BroadcastGlobalVariablesCallback", "MetricAverageCallback", "declare",
            "declared_names", "variable_name", "set_learning_rate", "size", "rank",

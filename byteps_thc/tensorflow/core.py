@@ -92,6 +92,11 @@ class ThcCompressor(_c.ThcMixin, RegistryCompressor):
     """THC: table indices up, integer sums down (docs/ALGORITHM.md); kwargs = config.to_kwargs()."""
 
 
+class LhcCompressor(_c.LhcMixin, RegistryCompressor):
+    """LHC: bitmap and int32 sketch up, their OR and sum down, the exact sum decoded by peeling
+    (docs/LHC.md); kwargs = config.to_kwargs()."""
+
+
 class Compression(_c.CompressionBase):
     """Optional gradient compression used by DistributedGradientTape, DistributedOptimizer and
     push_pull: `none`, `fp16`, `thc(...)`, BytePS's `onebit()`, `topk(k)`, `randomk(k)`,
@@ -101,6 +106,7 @@ class Compression(_c.CompressionBase):
     fp16 = FP16Compressor()
     _registry_class = RegistryCompressor
     _thc_class = ThcCompressor
+    _lhc_class = LhcCompressor
 
 
 def _resolve(compression) -> Compressor:

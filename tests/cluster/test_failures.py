@@ -55,7 +55,7 @@ def test_torch_mismatched_bits_raise_runtime_error(tmp_path):
         assert text.startswith("RuntimeError: "), text
         assert "registration refused" in text and "THC settings differ between workers" in text
         assert "bits=3" in text and "bits=4" in text, text
-        assert "Gradient.0.weight" in text and "same THC settings" in text, text
+        assert "Gradient.0.weight" in text and "same THC or LHC settings" in text, text
     assert "Check failed" not in log and "SIGABRT" not in log
 
 

@@ -71,6 +71,10 @@ def test_compression_from_env(report):
     report.check("compression_from_env")
 
 
+def test_lhc_kwargs_and_from_env(report):
+    report.check("lhc_kwargs_and_from_env")
+
+
 def test_compress_casts_and_decompress_restores_dtype(report):
     report.check("compress_casts_and_decompress_restores_dtype")
 

@@ -88,6 +88,15 @@ def check_compression_from_env():
         assert "nope" in str(e)
 
 
+def check_lhc_kwargs_and_from_env():
+    lhc = btf.Compression.lhc(capacity=2048, topk=0.01)
+    assert lhc.kwargs(tf.zeros([512, 512])) == lhc.config.to_kwargs()
+    assert lhc.kwargs(tf.zeros([512, 512]))["compressor_type"] == "lhc"
+    assert lhc.kwargs(tf.zeros([10])) is None                    # under BYTEPS_MIN_COMPRESS_BYTES
+    env = {"BYTEPS_COMPRESSOR": "lhc", "BYTEPS_LHC_CAPACITY": "2048", "BYTEPS_LHC_TOPK": "0.01"}
+    assert btf.Compression.from_env(env) == lhc
+
+
 def check_compress_casts_and_decompress_restores_dtype():
     w, ctx = thc.compress(tf.ones([4], tf.bfloat16))
     assert w.dtype == tf.float32 and thc.decompress(w, ctx).dtype == tf.bfloat16

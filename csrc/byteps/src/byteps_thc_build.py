@@ -1,16 +1,16 @@
 """byteps-thc build hooks, imported by the patched BytePS setup.py (our file, not upstream's).
 
 scripts/build_byteps.sh copies every file under csrc/byteps/src/ into the BytePS tree at the same
-relative path (this one lands at the tree root, next to setup.py), copies the codec core
-csrc/thc/*.{h,cc} to thc/, and writes thc_added_files.txt (one copied path a line). The patched
-setup.py then asks this module for:
+relative path (this one lands at the tree root, next to setup.py), copies the codec cores
+csrc/thc/*.{h,cc} to thc/ and csrc/lhc/*.{h,cc} to lhc/, and writes thc_added_files.txt (one
+copied path a line). The patched setup.py then asks this module for:
 
 - cpu_only():        the worker mode; BYTEPS_THC_CPU_ONLY=1 compiles the worker without CUDA, NCCL
                      or libnuma (the build script always sets it to 0 or 1).
 - extra_sources(k):  our .cc files for one library k in {server, worker, torch}. A file may name
                      its libraries in its first lines: `// byteps-thc-build: worker torch`.
-                     Otherwise by place: thc/*.cc and byteps/common/** go into server and worker,
-                     byteps/server/** into server, byteps/torch/** into torch.
+                     Otherwise by place: thc/*.cc, lhc/*.cc and byteps/common/** go into server
+                     and worker, byteps/server/** into server, byteps/torch/** into torch.
 - setup_compiler(c): per-file flags (see file_flags) and BYTEPS_BUILD_JOBS parallel compiles.
 - pslite_make_option(): ZeroMQ from the tarball the sdist bundles (no download), bounded -j.
 """
@@ -26,6 +26,8 @@ ISA_FLAGS = {
     "avx2": ["-mavx2", "-mbmi2"],
     "avx512": ["-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl", "-mbmi2"],
 }
+# The codec cores, copied into the tree as thc/ (csrc/thc) and lhc/ (csrc/lhc).
+CORES = ("thc", "lhc")
 # Codec files must not fuse a*b+c nor use fast-math (BytePS builds everything with -Ofast).
 CODEC_FLAGS = ["-std=c++17", "-fno-fast-math", "-ffp-contract=off"]
 
@@ -72,7 +74,7 @@ def extra_sources(kind):
         tagged = _tagged_libraries(rel)
         if tagged is not None:
             ok = kind in tagged
-        elif top == "thc":
+        elif top in CORES:
             ok = kind in ("server", "worker")
         elif rel.startswith("byteps/common/"):
             ok = kind in ("server", "worker")
@@ -88,13 +90,15 @@ def extra_sources(kind):
 
 
 def file_flags(src):
-    """Extra flags for one source file: the codec rule for thc/* and thc_* files, none otherwise."""
+    """Extra flags for one source file: the codec rule for thc/*, lhc/*, thc_* and lhc_* files,
+    none otherwise."""
     rel = os.path.relpath(os.path.abspath(src), HERE)
     base = os.path.basename(rel)
-    if not (rel.startswith("thc" + os.sep) or base.startswith("thc_")):
+    core = rel.split(os.sep)[0] in CORES
+    if not (core or base.startswith(("thc_", "lhc_"))):
         return []
     flags = list(CODEC_FLAGS)
-    if rel.startswith("thc" + os.sep):
+    if core:
         flags += ["-march=x86-64"] if _is_x86() else []
     return flags + ISA_FLAGS.get(_isa(rel), [])
 

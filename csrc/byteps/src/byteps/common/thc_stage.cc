@@ -12,11 +12,13 @@
 #include <sstream>
 #include <thread>
 
-#include "compressor/impl/thc_compressor.h"
+#include "compressor/compressor.h"
+#include "compressor/impl/max_round.h"
 #include "compressor/impl/thc_wire.h"
 #include "cpu_only.h"
 #include "global.h"
 #include "idle.h"
+#include "lhc_stage.h"
 #include "logging.h"
 #include "thc_failure.h"
 
@@ -29,8 +31,9 @@ namespace {
 
 namespace tw = compressor::thcwire;
 
-compressor::ThcCompressor* AsThc(const std::shared_ptr<TensorTableEntry>& task) {
-  return dynamic_cast<compressor::ThcCompressor*>(task->compressor.get());
+// THC's and LHC's compressors (max_round.h): the partitions that take the max round.
+compressor::MaxRound* AsThc(const std::shared_ptr<TensorTableEntry>& task) {
+  return dynamic_cast<compressor::MaxRound*>(task->compressor.get());
 }
 
 // The one rule for dropping the host copies, at enqueue time (ThcAddStages) and in the stages.
@@ -51,7 +54,8 @@ char* TensorAt(const std::shared_ptr<Tensor>& t, size_t offset) {
 // "THC: tensor 'NAME' (key K, bytes A..B, rank R)": where a message is about.
 std::string Where(const std::shared_ptr<TensorTableEntry>& task) {
   std::ostringstream os;
-  os << "THC: tensor '" << task->tensor_name << "' (key " << task->key << ", bytes "
+  auto* thc = AsThc(task);
+  os << (thc ? thc->codec_name() : "THC") << ": tensor '" << task->tensor_name << "' (key " << task->key << ", bytes "
      << task->offset << ".." << task->offset + task->len << ", rank " << BytePSGlobal::GetRank()
      << ")";
   return os.str();
@@ -67,8 +71,9 @@ std::string NonFiniteAdvice() {
 std::string Advice(const std::string& server_error) {
   if (server_error.find("registration refused") != std::string::npos ||
       server_error.find("mismatch") != std::string::npos) {
-    return ". Give every worker the same THC settings (bpslaunch --thc-*, BYTEPS_THC_*, "
-           "BYTEPS_THC_NONFINITE) and the same tensor partitioning (BYTEPS_PARTITION_BYTES).";
+    return ". Give every worker the same THC or LHC settings (bpslaunch --thc-* / --lhc-*, "
+           "BYTEPS_THC_* / BYTEPS_LHC_*, BYTEPS_THC_NONFINITE) and the same tensor partitioning "
+           "(BYTEPS_PARTITION_BYTES).";
   }
   if (server_error.find("finite") != std::string::npos) return ". " + NonFiniteAdvice();
   return ". The server's log names the key and the sender; the cluster's rounds of this key are "
@@ -79,7 +84,7 @@ std::string Advice(const std::string& server_error) {
 // partition (they all see the same norm, so the server's data rounds stay in step), and its output
 // is NaN (+inf when only infs were seen), as an uncompressed sum would be. Encode() never ran, so
 // the residual and the step counter are those of a run without this step.
-void SkipNonFiniteStep(std::shared_ptr<TensorTableEntry> task, compressor::ThcCompressor* thc,
+void SkipNonFiniteStep(std::shared_ptr<TensorTableEntry> task, compressor::MaxRound* thc,
                        double max_norm, const std::string& local) {
   const bool nan = tw::IsNaN(max_norm);
   char* out = static_cast<char*>(task->cpubuff) + task->offset;
@@ -104,7 +109,7 @@ void SkipNonFiniteStep(std::shared_ptr<TensorTableEntry> task, compressor::ThcCo
 
 // Step 3 of the round: the max came back. `local` is this worker's own failure ("" if none),
 // `nonfinite` what its gradient had ("" if finite).
-void FinishNormRound(std::shared_ptr<TensorTableEntry> task, compressor::ThcCompressor* thc,
+void FinishNormRound(std::shared_ptr<TensorTableEntry> task, compressor::MaxRound* thc,
                      size_t bytes, const std::string& local, const std::string& nonfinite) {
   double max_norm = 0;
   std::string err = thc->ParseNormReply(bytes, &max_norm);
@@ -115,7 +120,9 @@ void FinishNormRound(std::shared_ptr<TensorTableEntry> task, compressor::ThcComp
     return;
   }
   if (!err.empty()) {
-    ThcFailPartition(task, "THC: the norm round of tensor '" + task->tensor_name + "' (key " +
+    ThcFailPartition(task, std::string(thc->codec_name()) + ": the " +
+                               (std::string(thc->codec_name()) == "LHC" ? "max" : "norm") +
+                               " round of tensor '" + task->tensor_name + "' (key " +
                                std::to_string(task->key) + ") failed on rank " +
                                std::to_string(BytePSGlobal::GetRank()) + ": " + err + Advice(err));
     return;
@@ -145,7 +152,7 @@ void OnPool(F&& job) {
 }
 
 // Step 2b: pull the max over workers.
-void PullMaxNorm(std::shared_ptr<TensorTableEntry> task, compressor::ThcCompressor* thc,
+void PullMaxNorm(std::shared_ptr<TensorTableEntry> task, compressor::MaxRound* thc,
                  ps::SArray<ps::Key> keys, int cmd, std::string local, std::string nonfinite) {
   auto reply = new ps::SArray<char>(thc->norm_reply(), thc->norm_reply_capacity(), false);
   auto reply_lens = new ps::SArray<int>();
@@ -224,7 +231,7 @@ bool RunThcNormLoopOnce() {
 
 bool ThcUsesNormRound(const BPSContext& context) {
   if (context.compressor_list.empty()) return false;
-  return dynamic_cast<compressor::ThcCompressor*>(context.compressor_list[0].get()) != nullptr;
+  return dynamic_cast<compressor::MaxRound*>(context.compressor_list[0].get()) != nullptr;
 }
 
 void ThcAddStages(const BPSContext& context, const Tensor* input, const Tensor* output,
@@ -265,7 +272,7 @@ bool ThcAfterDecompress(std::shared_ptr<TensorTableEntry> task) {
   auto* thc = AsThc(task);
   if (!thc) return false;
   std::string err = thc->TakeError();
-  if (err.empty()) return false;
+  if (err.empty()) return LhcStartFallback(task);  // LHC's exact fallback round, when pending
   std::string why = Where(task) + ": " + err + Advice(err);
   ThcFailPartition(std::move(task), why);
   return true;

@@ -19,6 +19,7 @@
 // errors (invalid or overflow-prone configuration, workers that disagree) fail every round of the
 // key. Other keys are unaffected; the server never aborts on a worker's input.
 #include "thc_server.h"
+#include "lhc_server.h"
 #include "thc_stall.h"
 
 #include <cmath>
@@ -64,9 +65,14 @@ struct ThcKey {
   int lane_bits = 0;
   bool nonfinite_error = false;  // thc_nonfinite=error: a non-finite norm fails the round
   std::unique_ptr<thc::Aggregator> agg;
+  // LHC (lhc_server.h): a key whose first registration said compressor_type=lhc takes LHC's
+  // registration and data push; the rounds, the pulls and the max round are the same.
+  bool is_lhc = false;
+  std::shared_ptr<LhcKey> lhc;
   // rounds
-  Round data, norm;
+  Round data, norm, fallback;  // fallback: LHC's exact fallback round
   double norm_max = 0.0;  // the round's max: NaN if a NaN was pushed, else +inf if an inf was
+  double agreed_max = 0.0;  // the max of the last completed max round (LHC's scale)
 };
 
 std::mutex thc_mu_;
@@ -253,6 +259,43 @@ void Register(ThcKey* k, uint64_t key, const ps::KVMeta& req, const ps::KVPairs<
   k->waiting.clear();
 }
 
+// LHC's registration (lhc_server.cc does the settings): the same answer-when-all-registered and
+// the same refusal (every round of the key fails with it) as THC's.
+void RegisterLhc(ThcKey* k, uint64_t key, const ps::KVMeta& req, const ps::KVPairs<char>& req_data,
+                 ps::KVServer<char>* server, size_t stored_len, int stored_dtype) {
+  std::string err;
+  auto kwargs = ParseRegistration(std::string(req_data.vals.data(), req_data.vals.size()), &err);
+  if (err.empty() && !LhcIsRegistration(kwargs)) {
+    err = "compressor_type=" + (kwargs.count("compressor_type") ? kwargs["compressor_type"] : "") +
+          " but other workers declared LHC";
+  }
+  if (err.empty() && (stored_dtype != 0 || !stored_len || stored_len % 4)) {
+    err = "no initial push of a float32 tensor before the registration (len=" +
+          std::to_string(stored_len) + ", dtype=" + std::to_string(stored_dtype) + ")";
+  }
+  if (err.empty()) {
+    err = LhcRegister(kwargs, key, req.sender, stored_len / 4,
+                      static_cast<uint32_t>(ps::NumWorkers()), &k->lhc, &k->fingerprint,
+                      &k->description, &k->nonfinite_error);
+    if (err.empty() && !k->configured) {
+      k->configured = true;
+      k->d = stored_len / 4;
+      k->num_workers = static_cast<uint32_t>(ps::NumWorkers());
+      LOG(INFO) << "LHC key " << key << " registered: " << k->description << ", "
+                << k->num_workers << " workers";
+    }
+  }
+  if (!err.empty()) {
+    std::string msg = "LHC key " + std::to_string(key) + ": registration refused: " + err;
+    LOG(ERROR) << msg;
+    if (k->fatal.empty()) k->fatal = msg;
+  }
+  k->waiting.push_back(req);
+  if (k->waiting.size() < static_cast<size_t>(ps::NumWorkers())) return;
+  for (const auto& r : k->waiting) server->Response(r, ps::KVPairs<char>());
+  k->waiting.clear();
+}
+
 void DataPush(ThcKey* k, uint64_t key, const ps::KVMeta& req, const ps::KVPairs<char>& req_data,
               ps::KVServer<char>* server) {
   Round* round = &k->data;
@@ -263,6 +306,9 @@ void DataPush(ThcKey* k, uint64_t key, const ps::KVMeta& req, const ps::KVPairs<
     tw::PushHeader h;
     if (!k->fatal.empty()) {
       Fail(round, k->fatal, false);  // logged at registration
+    } else if (k->lhc) {
+      std::string lhc_err = LhcAdd(k->lhc.get(), key, sender, p, len, k->agreed_max);
+      if (!lhc_err.empty()) Fail(round, lhc_err);
     } else if (len < sizeof(h)) {
       Fail(round, Where(key, sender) + ": " + std::to_string(len) +
                       " bytes is shorter than the 16-byte THC header");
@@ -297,13 +343,48 @@ void DataPush(ThcKey* k, uint64_t key, const ps::KVMeta& req, const ps::KVPairs<
   server->Response(req, ps::KVPairs<char>());
   if (round->senders.size() < static_cast<size_t>(ps::NumWorkers())) return;
   ps::SArray<char> result;
-  if (round->error.empty()) {
+  if (round->error.empty() && k->lhc) {
+    size_t bytes = 0;
+    const char* sums = LhcResult(k->lhc.get(), &bytes);
+    result = MakeResponse(0, 32, k->num_workers, round->completed + 1, sums, bytes);
+  } else if (round->error.empty()) {
     result = MakeResponse(0, k->lane_bits, k->num_workers, round->completed + 1, k->agg->sums(),
                           k->agg->sums_bytes());
   } else {
     result = MakeError(round->error, round->completed + 1);
   }
   if (k->agg) k->agg->Reset();
+  if (k->lhc) LhcReset(k->lhc.get());
+  Complete(round, result, server, req_data);
+}
+
+// LHC's exact fallback round (lhc_wire.h): the workers' int32 values at the unresolved indices,
+// added (lhc_server.cc); the rounds and pulls as the data round's.
+void FallbackPush(ThcKey* k, uint64_t key, const ps::KVMeta& req,
+                  const ps::KVPairs<char>& req_data, ps::KVServer<char>* server) {
+  Round* round = &k->fallback;
+  const int sender = req.sender;
+  const bool first = round->senders.empty();
+  if (Enter(round, key, sender)) {
+    if (!k->fatal.empty()) {
+      Fail(round, k->fatal, false);
+    } else {
+      std::string err = LhcFallbackAdd(k->lhc.get(), key, sender, req_data.vals.data(),
+                                       req_data.vals.size(), first);
+      if (!err.empty()) Fail(round, err);
+    }
+  }
+  server->Response(req, ps::KVPairs<char>());
+  if (round->senders.size() < static_cast<size_t>(ps::NumWorkers())) return;
+  ps::SArray<char> result;
+  if (round->error.empty()) {
+    size_t bytes = 0;
+    const char* sums = LhcFallbackResult(k->lhc.get(), &bytes);
+    result = MakeResponse(0, 32, k->num_workers, round->completed + 1, sums, bytes);
+  } else {
+    result = MakeError(round->error, round->completed + 1);
+  }
+  if (k->lhc) LhcFallbackReset(k->lhc.get());
   Complete(round, result, server, req_data);
 }
 
@@ -344,6 +425,7 @@ void NormPush(ThcKey* k, uint64_t key, const ps::KVMeta& req, const ps::KVPairs<
   }
   server->Response(req, ps::KVPairs<char>());
   if (round->senders.size() < static_cast<size_t>(ps::NumWorkers())) return;
+  if (round->error.empty()) k->agreed_max = k->norm_max;
   ps::SArray<char> result =
       round->error.empty()
           ? MakeResponse(0, 64, static_cast<uint32_t>(ps::NumWorkers()), round->completed + 1,
@@ -424,7 +506,7 @@ void WatchForStalls(uint64_t key, const ps::KVPairs<char>& req_data, ps::KVServe
 bool ThcHandleRequest(int request_type, uint64_t key, const ps::KVMeta& req_meta,
                       const ps::KVPairs<char>& req_data, ps::KVServer<char>* server,
                       size_t stored_len, int stored_dtype) {
-  constexpr int kDefault = 0, kCompressed = 2;
+  constexpr int kDefault = 0, kCompressed = 2, kLhcFallback = 4;  // lhcwire::kLhcFallbackRequest
   std::lock_guard<std::mutex> lock(thc_mu_);
   auto it = thc_keys_.find(key);
   ThcKey* k = it == thc_keys_.end() ? nullptr : it->second.get();
@@ -433,10 +515,17 @@ bool ThcHandleRequest(int request_type, uint64_t key, const ps::KVMeta& req_meta
     if (!k) {
       std::string content(req_data.vals.data(), req_data.vals.size());
       std::string malformed;  // Register refuses it again, with this message
-      if (!tw::IsThcKwargs(ParseRegistration(content, &malformed))) return false;
+      auto kwargs = ParseRegistration(content, &malformed);
+      const bool lhc = LhcIsRegistration(kwargs);
+      if (!tw::IsThcKwargs(kwargs) && !lhc) return false;
       k = (thc_keys_[key] = std::unique_ptr<ThcKey>(new ThcKey)).get();
+      k->is_lhc = lhc;
     }
-    Register(k, key, req_meta, req_data, server, stored_len, stored_dtype);
+    if (k->is_lhc) {
+      RegisterLhc(k, key, req_meta, req_data, server, stored_len, stored_dtype);
+    } else {
+      Register(k, key, req_meta, req_data, server, stored_len, stored_dtype);
+    }
     WatchForStalls(key, req_data, server);
     return true;
   }
@@ -457,6 +546,25 @@ bool ThcHandleRequest(int request_type, uint64_t key, const ps::KVMeta& req_meta
       NormPush(k, key, req_meta, req_data, server);
     } else {
       Pull(&k->norm, key, req_meta, req_data, server);
+    }
+    return true;
+  }
+  if (request_type == kLhcFallback) {
+    if (!k || !k->lhc) {
+      std::string msg = "LHC key " + std::to_string(key) + ": fallback round from node " +
+                        std::to_string(req_meta.sender) + " for a key not registered as LHC";
+      LOG(ERROR) << msg;
+      if (req_meta.push) {
+        server->Response(req_meta, ps::KVPairs<char>());
+      } else {
+        Respond(req_meta, req_data, MakeError(msg, 0), server);
+      }
+      return true;
+    }
+    if (req_meta.push) {
+      FallbackPush(k, key, req_meta, req_data, server);
+    } else {
+      Pull(&k->fallback, key, req_meta, req_data, server);
     }
     return true;
   }

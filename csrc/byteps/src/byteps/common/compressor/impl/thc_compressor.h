@@ -19,13 +19,14 @@
 #include <vector>
 
 #include "../compressor.h"
+#include "max_round.h"
 #include "thc_wire.h"
 
 namespace byteps {
 namespace common {
 namespace compressor {
 
-class ThcCompressor : public Compressor {
+class ThcCompressor : public Compressor, public MaxRound {
  public:
   ThcCompressor(size_t size, DataType dtype, thcwire::ThcSettings settings);
   // A compressor that could not be made (invalid kwargs, a dtype THC does not take): Bind()

@@ -1,0 +1,122 @@
+// byteps-thc: LHC kwargs and per-partition geometry (see lhc_wire.h).
+#include "lhc_wire.h"
+
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <sstream>
+
+namespace byteps {
+namespace common {
+namespace compressor {
+namespace lhcwire {
+namespace {
+
+const char* Find(const thcwire::Kwargs& kwargs, const char* name) {
+  auto it = kwargs.find(name);
+  return it == kwargs.end() ? nullptr : it->second.c_str();
+}
+
+bool ParseU64(const char* text, uint64_t* out) {
+  if (!text || !*text || *text == '-') return false;
+  errno = 0;
+  char* end = nullptr;
+  unsigned long long v = std::strtoull(text, &end, 10);
+  if (errno || *end) return false;
+  *out = v;
+  return true;
+}
+
+bool ParseDouble(const char* text, double* out) {
+  if (!text || !*text) return false;
+  errno = 0;
+  char* end = nullptr;
+  double v = std::strtod(text, &end);
+  if (errno || *end || !thcwire::IsFinite(v)) return false;
+  *out = v;
+  return true;
+}
+
+// lhc_config.MAX_CAPACITY: keeps m (about 1.33 capacity) below 2^32.
+constexpr uint64_t kMaxCapacity = uint64_t{1} << 31;
+
+}  // namespace
+
+bool IsLhcKwargs(const thcwire::Kwargs& kwargs) {
+  auto it = kwargs.find("compressor_type");
+  return it != kwargs.end() && it->second == "lhc";
+}
+
+std::string ParseLhcKwargs(const thcwire::Kwargs& kwargs, LhcSettings* out) {
+  if (!IsLhcKwargs(kwargs)) return "compressor_type is not 'lhc'";
+  LhcSettings s;
+  const char* v;
+  uint64_t u = 0;
+  double f = 0;
+  if (!(v = Find(kwargs, "lhc_capacity")))
+    return "lhc_capacity is missing (byteps_thc.LhcConfig(...).to_kwargs() includes it)";
+  if (!ParseU64(v, &u) || u < 1 || u > kMaxCapacity)
+    return std::string("lhc_capacity=") + v + " must be an integer in [1, 2^31]";
+  s.capacity = u;
+  if ((v = Find(kwargs, "lhc_topk"))) {
+    if (!ParseDouble(v, &f) || f < 0 || f > 1)
+      return std::string("lhc_topk=") + v + " must be 0 (no sparsifier) or a fraction in (0, 1]";
+    s.topk = f;
+  }
+  if ((v = Find(kwargs, "lhc_topk_method"))) {
+    std::string m(v);
+    if (m != "exact" && m != "sampled") return "lhc_topk_method=" + m + " must be exact or sampled";
+    s.sampled = m == "sampled";
+  }
+  if ((v = Find(kwargs, "lhc_seed"))) {
+    if (!ParseU64(v, &u))
+      return std::string("lhc_seed=") + v + " is not an unsigned 64-bit integer";
+    s.seed = u;
+  }
+  if ((v = Find(kwargs, "lhc_error_feedback"))) {
+    std::string b(v);
+    if (b != "1" && b != "0") return "lhc_error_feedback=" + b + " must be 1 or 0";
+    s.error_feedback = b == "1";
+  }
+  if ((v = Find(kwargs, "lhc_nonfinite"))) {
+    std::string m(v);
+    if (m != "propagate" && m != "error")
+      return "lhc_nonfinite=" + m + " must be propagate or error";
+    s.nonfinite_error = m == "error";
+  }
+  *out = s;
+  return "";
+}
+
+uint64_t BucketsFor(uint64_t n) {
+  // lhc_config.buckets_for, step by step in the same arithmetic: ceil(4n/9) exactly; the pair
+  // floor from the binary64 n^2 / (2 * 1e-3), its cube root less 1e-9 rounded up, then raised
+  // while the exact cube is below it (compared in long double, exact for s^3 < 2^64).
+  const uint64_t by_load = (n * 4 + 8) / 9;
+  const double need = static_cast<double>(n * n) / (2 * 1e-3);
+  double root = std::ceil(std::pow(need, 1.0 / 3.0) - 1e-9);
+  uint64_t by_pairs = root < 1 ? 1 : static_cast<uint64_t>(root);
+  while (static_cast<long double>(by_pairs) * by_pairs * by_pairs < static_cast<long double>(need))
+    ++by_pairs;
+  return 3 * (by_load > by_pairs ? by_load : by_pairs);
+}
+
+std::string PartitionGeometry(const LhcSettings& s, size_t d, lhc::Geometry* geo) {
+  const uint64_t nonzeros = s.capacity < d ? s.capacity : d;
+  const uint64_t m = BucketsFor(nonzeros);
+  std::string err = lhc::CheckGeometry(d, m);
+  if (!err.empty()) return err;
+  *geo = lhc::MakeGeometry(d, m);
+  return "";
+}
+
+std::string Describe(const LhcSettings& s) {
+  std::ostringstream os;
+  os << "capacity=" << s.capacity << " seed=" << s.seed;
+  return os.str();
+}
+
+}  // namespace lhcwire
+}  // namespace compressor
+}  // namespace common
+}  // namespace byteps
