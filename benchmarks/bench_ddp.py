@@ -254,7 +254,8 @@ def parse_args(argv=None):
     ap.add_argument("--model", help=argparse.SUPPRESS)
     ap.add_argument("--hook", choices=DDP_HOOKS, help=argparse.SUPPRESS)
     ap.add_argument("--plot", metavar="DIR", help="write bench_ddp.png here")
-    ap.add_argument("--from-json", metavar="PATH", help="run nothing: table and plot of a record")
+    ap.add_argument("--from-json", metavar="PATHS",
+                    help="run nothing: the table and plot of these records (comma-separated)")
     return ap.parse_args(argv)
 
 
@@ -263,8 +264,10 @@ def main(argv=None) -> int:
     if a.worker:
         return worker(a)
     if a.from_json:
-        with open(a.from_json) as f:
-            records = json.load(f)
+        records = []
+        for path in a.from_json.split(","):
+            with open(path) as f:
+                records += json.load(f)
         print(table(records))
         if a.plot:
             print(plot(records, a.plot))
