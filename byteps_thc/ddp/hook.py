@@ -2,26 +2,37 @@
 
 For one bucket of d values on n ranks (`ThcHookState` holds the configuration and the state):
 
-1. Norm round: every rank computes ||x|| of its x = gradient + error-feedback residual, and one
-   `all_reduce(MAX)` of [norm, non-finite flag, fingerprint, -fingerprint] gives the agreed M.
+1. Norm round: every rank computes the norm of x = gradient + its error-feedback residual
+   (sqrt(sum(y^2)/B) of the rotation y, residual included), and one `all_reduce(MAX)` of
+   [norm, non-finite flag, fingerprint, -fingerprint] gives the agreed M.
    A differing fingerprint (configuration or hook settings) raises ValueError on every rank.
    A non-finite norm anywhere (the flag travels separately, since MAX may drop a NaN) makes the
    bucket's result NaN on every rank; nothing aborts, and the residuals and step stay as they
    were (an optimizer or GradScaler that skips non-finite steps skips it).
-2. Encode x with the bucket's codec: rotation block by `geometry.bucket_block` (padding <= ~1.05x),
-   seed by the bucket's stable key, the rounding stream by (rank, the bucket's step).
+2. Encode with the bucket's codec: rotation block by `geometry.bucket_block` (padding <= ~1.05x),
+   seed by the bucket's stable key, the rounding stream by (rank, the bucket's step). The codec
+   keeps the error feedback in the rotated domain (one transform per step; state.py says how it
+   survives a bucket rebuild).
 3. `all_to_all` of the packed b-bit indices by shards: rank j receives every rank's bytes of
    shard j (geometry.shard_bounds: whole bytes, about d/n coordinates).
 4. Rank j sums its shard with a ThcAggregator: table lookup and integer add in lanes of 8, 16 or
    32 bits (chosen by n*g).
 5. `all_gather` of the integer sums.
 6. Every rank decodes the whole bucket from the same sums and the same M: the estimate of the mean
-   gradient, the same bits on every rank. With error feedback each rank also decodes its own
-   payload alone and keeps x - that as the residual of the bucket's parameters.
+   gradient, the same bits on every rank.
 
 Per rank this sends (n-1)/n*d*b/8 bytes and receives (n-1)/n*d*lane/8, against 2*(n-1)/n*4d for
-an fp32 ring all-reduce: about 0.19x at b=4 with 8-bit lanes. The collectives run synchronously
-in the hook (the returned future is complete); CUDA tensors stay on the device.
+an fp32 ring all-reduce: about 0.19x at b=4 with 8-bit lanes.
+
+Scheduling. The collectives are asynchronous (async_op=True) and CPU buckets run on one thread of
+the state (`_Pipeline`), so that the hook returns at once and the rounds overlap with the rest of
+the backward pass and with each other: each bucket handed over advances every earlier bucket in
+flight by one step (wait for its collective, compute, issue the next), and the last bucket of an
+iteration drains them all. That order depends only on the order DDP hands the buckets over (the
+same on every rank), never on timing: gloo pairs the ranks' collectives by the order they were
+issued, and collectives issued from completion callbacks, whose order follows timing, can pair
+different collectives of different buckets across ranks. CUDA buckets run their steps inline in
+the hook (NCCL and the codec's kernels are asynchronous on the stream already).
 
 Tuning:
 - `min_compress_bytes` (64 KiB): small buckets cost latency, not bandwidth; they go uncompressed.
@@ -32,9 +43,8 @@ Tuning:
 - `config`: the default picks the least-error granularity for 8-bit lanes at this world size;
   `ThcConfig.for_workers(n, downstream_bits=16)` halves the error again for twice the incoming
   bytes; bits=2 or 3 send less at a larger error. Keep error feedback on.
-- It can only pay where the link, not the CPU, is the bottleneck: the encode, the two decodes
-  (with error feedback) and four collectives per bucket cost CPU and latency. On a 2-core host it
-  was not ahead of plain DDP at 1 Gbit/s (docs/RESULTS.md, "The DDP comm hook").
+- It can only pay where the link, not the CPU, is the bottleneck: the rotation, the quantisation
+  and the decode of every bucket cost CPU (docs/RESULTS.md, "The DDP comm hook").
 
 Example:
     import torch.distributed as dist
@@ -51,16 +61,20 @@ Example:
 The CUDA path (buffers on a GPU: the codec's CudaCodec and CudaAggregator through ThcCodec and
 ThcAggregator) has not been run: this project's test machines have no GPU.
 """
+import collections
 import math
+import queue
+import threading
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
-from . import geometry
-from .state import ThcHookState
+from .state import Layout, ThcHookState
 
 _FLT_MAX = float(np.finfo(np.float32).max)
+# the all_gather into one tensor (the older name is deprecated where the newer exists)
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
 def _done(value: torch.Tensor) -> torch.futures.Future:
@@ -69,109 +83,164 @@ def _done(value: torch.Tensor) -> torch.futures.Future:
     return fut
 
 
-def _allreduce_mean(state: ThcHookState, buf: torch.Tensor) -> torch.futures.Future:
-    buf.div_(state.world_size)
-    fut = dist.all_reduce(buf, group=state.process_group, async_op=True).get_future()
-    return fut.then(lambda f: f.value()[0])
-
-
-def _agree(state: ThcHookState, norm: float, bad: bool, device) -> float:
-    """Step 1: the max norm, or NaN when any rank's was not finite; the fingerprint check."""
+def _norm_vector(state: ThcHookState, norm: float, bad: bool, device) -> torch.Tensor:
     words = state.fingerprint_words()
-    vec = torch.tensor([0.0 if bad else norm, 1.0 if bad else 0.0] + words + [-w for w in words],
-                       dtype=torch.float64, device=device)
-    dist.all_reduce(vec, op=dist.ReduceOp.MAX, group=state.process_group)
+    return torch.tensor([0.0 if bad else norm, 1.0 if bad else 0.0] + words + [-w for w in words],
+                        dtype=torch.float64, device=device)
+
+
+def _agreed(state: ThcHookState, vec: torch.Tensor) -> float:
+    """Step 1's result: the max norm, or NaN when any rank's was not finite; raises when the
+    ranks' fingerprints differ."""
     v = vec.cpu().tolist()
     hi, lo = v[2:5], [-w for w in v[5:8]]
     if hi != lo:
         raise ValueError(
             "THC comm hook: the ranks' configurations differ (fingerprint words range from "
-            f"{lo} to {hi}; this rank has {words}, config {state.config}, min_compress_bytes="
-            f"{state.min_compress_bytes}, start_iter={state.start_iter}): construct "
-            "ThcHookState with the same config and settings on every rank")
+            f"{lo} to {hi}; this rank has {state.fingerprint_words()}, config {state.config}, "
+            f"min_compress_bytes={state.min_compress_bytes}, start_iter={state.start_iter}): "
+            "construct ThcHookState with the same config and settings on every rank")
     return math.nan if v[1] != 0.0 else v[0]
 
 
 def _handshake(state: ThcHookState, device) -> None:
     """The first call's fingerprint check, before warm-up or size decides the path: ranks that
     disagree on min_compress_bytes or start_iter would otherwise issue different collectives."""
-    _agree(state, 0.0, False, device)
+    vec = _norm_vector(state, 0.0, False, device)
+    dist.all_reduce(vec, op=dist.ReduceOp.MAX, group=state.process_group)
+    _agreed(state, vec)
     state.handshake_done = True
 
 
-def _to_tensor(a, device) -> torch.Tensor:
-    if isinstance(a, torch.Tensor):
-        return a
-    return torch.from_numpy(np.ascontiguousarray(a)).to(device)
+def _plain(state: ThcHookState, buf: torch.Tensor):
+    """A plain all-reduce of the mean, as a pipeline round (yields its collective)."""
+    buf.div_(state.world_size)
+    yield dist.all_reduce(buf, group=state.process_group, async_op=True)
+    return buf
 
 
-def _compressed(state: ThcHookState, bucket, key, buf: torch.Tensor) -> torch.Tensor:
-    n, rank, device = state.world_size, state.rank, buf.device
-    params = bucket.parameters()
-    d = buf.numel()
-    offsets, lo = [], 0
-    for p in params:
-        offsets.append((lo, lo + p.numel()))
-        lo += p.numel()
-    if lo != d:
-        raise ValueError(f"bucket of {d} values, but its parameters hold {lo}")
-    cfg, codec, own_agg, shard_agg, bounds = state.codecs(key, d)
-    x = buf.detach().reshape(-1).to(torch.float32, copy=True)
-    if state.config.error_feedback:
-        x += state.bucket_residual(key, offsets, device)
-
+def _compressed(state: ThcHookState, lay: Layout, buf: torch.Tensor):
+    """One THC round of a bucket (module docstring, steps 1-6), as a generator that yields each
+    collective it issued; the caller waits for it before resuming. Returns the mean."""
+    n, group, cpu = state.world_size, state.process_group, buf.device.type == "cpu"
+    codec, flat = lay.codec, buf.detach().reshape(-1)
+    pieces = state.prepare(lay)
+    if flat.dtype == torch.float32 and not any(p is not None for p in pieces or ()):
+        x = flat
+    else:
+        x = lay.scratch("x")
+        x.copy_(flat)
+        for p, (lo, hi) in zip(pieces or (), lay.offsets):
+            if p is not None:
+                x[lo:hi] += p.to(x.device)
     try:
-        norm, bad = codec.norm(x), False                                     # 1
+        norm, bad = codec.norm(x), False                                        # 1
     except ValueError:  # NaN/Inf in the gradient or the residual
         norm, bad = math.nan, True
-    m = _agree(state, norm, bad, device)
+    vec = _norm_vector(state, norm, bad, buf.device)
+    yield dist.all_reduce(vec, op=dist.ReduceOp.MAX, group=group, async_op=True)
+    m = _agreed(state, vec)
     if state.trace is not None:
-        state.trace.append((key, m))
+        state.trace.append((lay.key, m))
     # M this large could overflow float32 in the rotation or the scales (|y| <= sqrt(B)*M):
     # treated as non-finite, the same on every rank since M and B are agreed
-    if not math.isfinite(m) or m * math.sqrt(codec.block) * (1.0 + cfg.clip) * 4.0 >= _FLT_MAX:
+    if not math.isfinite(m) or m * math.sqrt(codec.block) * (1.0 + lay.cfg.clip) * 4.0 >= _FLT_MAX:
         state.stats["nonfinite_steps"] += 1
-        return torch.full_like(buf, math.nan)
+        return flat.fill_(math.nan).view(buf.shape)
 
-    codec.step = state.step_of(key)
-    payload = _to_tensor(codec.encode(x, m), device)                            # 2
-    bits = cfg.bits
-    ranges = [geometry.byte_range(s, e, bits) for s, e in bounds]
-    in_splits = [hi - lo for lo, hi in ranges]
-    mine = in_splits[rank]
-    recv = torch.empty(mine * n, dtype=torch.uint8, device=device)
-    dist.all_to_all_single(recv, payload, [mine] * n, in_splits,               # 3
-                           group=state.process_group)
-
-    lane_bytes = state.lane_bits // 8
-    width = (bounds[0][1] - bounds[0][0]) * lane_bytes  # every rank's gathered bytes, padded
-    own = torch.zeros(width, dtype=torch.uint8, device=device)
-    if shard_agg is not None:                                                   # 4
-        shard_agg.reset()
-        for j in range(n):
-            shard_agg.add(recv[j * mine:(j + 1) * mine])
-        sums = _to_tensor(shard_agg.result(), device).reshape(-1).view(torch.uint8)
-        own[:sums.numel()] = sums
-    gathered = [torch.empty_like(own) for _ in range(n)]
-    dist.all_gather(gathered, own, group=state.process_group)                   # 5
-    lanes = torch.cat([g[:(e - s) * lane_bytes] for g, (s, e) in zip(gathered, bounds)])
-    if device.type == "cpu":
-        lanes = lanes.numpy().view({1: np.uint8, 2: np.uint16, 4: np.uint32}[lane_bytes])
+    codec.step = state.step_of(lay.key)
+    if cpu:                                                                     # 2
+        codec.encode(x, m, out=lay.payload.numpy())
+        payload = lay.payload
     else:
-        lanes = lanes.view({1: torch.uint8, 2: torch.uint16, 4: torch.uint32}[lane_bytes])
-    mean = _to_tensor(codec.decode(lanes, m, n), device)                        # 6
+        payload = codec.encode(x, m)
+    state.commit(lay)
+    mine = lay.mine
+    yield dist.all_to_all_single(lay.recv, payload, [mine] * n, lay.in_splits,  # 3
+                                 group=group, async_op=True)
 
-    new_res = None
-    if own_agg is not None:
-        own_agg.reset()
-        own_agg.add(payload)
-        mine_deq = _to_tensor(codec.decode(own_agg.result(), m, 1), device)
-        new_res = x - mine_deq
-    state.commit(key, offsets, new_res)
+    if lay.shard_agg is not None:                                               # 4
+        agg = lay.shard_agg
+        agg.reset()
+        for part in lay.recv_parts:
+            agg.add(part)
+        sums = agg.result()
+        sums = (torch.from_numpy(sums) if cpu else sums).reshape(-1).view(torch.uint8)
+        lay.own[:sums.numel()] = sums
+    yield _all_gather(lay.gathered, lay.own, group=group,                       # 5
+                      async_op=True)
+
+    if flat.dtype == torch.float32 and cpu:                                     # 6
+        codec.decode(lay.lanes, m, n, out=flat.numpy())
+    else:
+        mean = codec.decode(lay.lanes, m, n, out=lay.scratch("out").numpy() if cpu else None)
+        flat.copy_(lay.scratch("out") if cpu else mean)
     state.stats["buckets_compressed"] += 1
-    state.stats["bytes_sent"] += (payload.numel() - mine) + (n - 1) * width
-    state.stats["bytes_received"] += (n - 1) * mine + (n - 1) * width
-    return mean.to(buf.dtype).reshape(buf.shape)
+    state.stats["bytes_sent"] += (payload.numel() - mine) + (n - 1) * lay.width
+    state.stats["bytes_received"] += (n - 1) * mine + (n - 1) * lay.width
+    return flat.view(buf.shape)
+
+
+def _advance(entry) -> bool:
+    """Run one round to its next collective (waiting for the one in flight); True when done."""
+    gen, fut, work = entry
+    try:
+        if work is not None:
+            work.wait()
+        entry[2] = next(gen)
+        return False
+    except StopIteration as stop:
+        fut.set_result(stop.value)
+    except Exception as e:  # reaches DDP through the bucket's future
+        fut.set_exception(e)
+    return True
+
+
+class _Pipeline:
+    """One thread that runs the rounds of CPU buckets in the order they were handed over. A new
+    bucket starts (to its first collective), then every earlier round in flight advances one
+    step, oldest first; the iteration's last bucket drains them all. The thread keeps only its
+    queue: a dropped state ends it."""
+
+    def __init__(self):
+        self._queue = queue.SimpleQueue()
+        threading.Thread(target=self._run, args=(self._queue,), name="thc-hook",
+                         daemon=True).start()
+
+    def submit(self, gen, last: bool) -> torch.futures.Future:
+        fut = torch.futures.Future()
+        self._queue.put((gen, fut, last))
+        return fut
+
+    def __del__(self):
+        self._queue.put(None)
+
+    @staticmethod
+    def _run(q):
+        active = collections.deque()
+        while True:
+            item = q.get()
+            if item is None:
+                return
+            gen, fut, last = item
+            older = list(active)
+            entry = [gen, fut, None]
+            if not _advance(entry):
+                active.append(entry)
+            for e in older:
+                if _advance(e):
+                    active.remove(e)
+            while last and active:
+                for e in list(active):
+                    if _advance(e):
+                        active.remove(e)
+
+
+def _inline(gen) -> torch.futures.Future:
+    entry = [gen, torch.futures.Future(), None]
+    while not _advance(entry):
+        pass
+    return entry[1]
 
 
 # no `from __future__ import annotations` here: DDP compares this return annotation with the
@@ -188,17 +257,30 @@ def thc_hook(state: ThcHookState, bucket: dist.GradBucket) -> torch.futures.Futu
     buf = bucket.buffer()
     if state.world_size == 1:
         return _done(buf)
+    device = buf.device
     if not state.handshake_done:
-        _handshake(state, buf.device)
-    key = state.bucket_key(bucket.parameters())
+        _handshake(state, device)
+        state.device_type = device.type
+    if device.type != state.device_type:
+        raise ValueError(f"THC comm hook: a bucket on {device}, but earlier ones were on "
+                         f"{state.device_type}: use one ThcHookState per device type")
+    params = bucket.parameters()
+    key = state.bucket_key(params)
+    last = bucket.is_last()
     try:
         if state.iteration < state.start_iter:
             state.stats["buckets_warmup"] += 1
-            return _allreduce_mean(state, buf)
-        if buf.numel() * buf.element_size() < state.min_compress_bytes:
+            gen = _plain(state, buf)
+        elif buf.numel() * buf.element_size() < state.min_compress_bytes:
             state.stats["buckets_skipped"] += 1
-            return _allreduce_mean(state, buf)
-        return _done(_compressed(state, bucket, key, buf))
+            gen = _plain(state, buf)
+        else:
+            gen = _compressed(state, state.layout(key, params, buf.numel(), device), buf)
     finally:
-        if bucket.is_last():
+        if last:
             state.iteration += 1
+    if device.type != "cpu":
+        return _inline(gen)
+    if state.pipeline is None:
+        state.pipeline = _Pipeline()
+    return state.pipeline.submit(gen, last)

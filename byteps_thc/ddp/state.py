@@ -2,12 +2,23 @@
 
 Keys that survive a bucket rebuild and a new DDP wrapper. DDP gives a hook buckets, not names; the
 state numbers the parameters in the order it first meets them (DDP's initial buckets, in index
-order, each in its own parameter order) and keys everything by those canonical indices:
-- the error-feedback residual is kept per parameter, in the parameter's own coordinates (the
-  textbook form of docs/ALGORITHM.md, "Error-feedback state"), so any bucket layout reads and
-  writes the same values: the rebuild after the first iteration neither resets nor mixes them;
-- a bucket's key is the tuple of its parameters' canonical indices; it selects the bucket's seed
-  (geometry.bucket_seed) and its step counter.
+order, each in its own parameter order) and keys everything by those canonical indices. A
+bucket's key is the tuple of its parameters' canonical indices; it selects the bucket's seed
+(geometry.bucket_seed), its step counter and its layout (codec, aggregator, buffers).
+
+Error feedback lives in one of two forms per parameter (docs/ALGORITHM.md, "Error-feedback
+state"), and every parameter is in exactly one of them:
+- rotated: inside the codec of the key that last encoded it (its residual r, d_pad floats, for
+  the whole bucket). While a bucket keeps its key, each round adds r after the rotation: one
+  transform per step.
+- per parameter: the textbook residual in the parameter's own coordinates, sign * Hu(r) / B cut
+  to the bucket's pieces (`unrotate`). A key's rotated residual takes this form when another
+  key meets one of its parameters (the rebuild after the first iteration) and when
+  `state_dict()` is called. The next compressed round of a bucket whose parameters are in this
+  form encodes x = gradient + those pieces with a zeroed codec residual, and from then on the
+  bucket's residual is rotated again. The padding coordinates' share of the residual is dropped
+  at that change of form (at most (d_pad - d)/d_pad of it, and d_pad <= ~1.05 d).
+So any bucket layout reads and writes the same residual; a rebuild neither resets nor mixes it.
 A second wrapper of the same model (same parameters, same bucket_cap_mb) meets its initial buckets
 in the same order, so a state loaded from `state_dict()` numbers them as the saved one did; the
 shapes are checked against the saved ones.
@@ -19,19 +30,23 @@ import hashlib
 import logging
 from typing import Dict, List, Optional, Tuple
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
 from .. import _C
 from ..codec import ThcAggregator, ThcCodec
 from ..config import ThcConfig
+from ..reference import sign_bits
 from . import geometry
 
 log = logging.getLogger("byteps_thc.ddp")
 
-STATE_VERSION = 1
+STATE_VERSION = 2
 _STAT_KEYS = ("bytes_sent", "bytes_received", "buckets_compressed", "buckets_skipped",
               "buckets_warmup", "nonfinite_steps")
+_LANE_DTYPE = {1: (np.uint8, torch.uint8), 2: (np.uint16, torch.uint16),
+               4: (np.uint32, torch.uint32)}
 
 
 def default_config(num_ranks: int) -> ThcConfig:
@@ -43,15 +58,82 @@ def default_config(num_ranks: int) -> ThcConfig:
         return ThcConfig.for_workers(num_ranks, downstream_bits=16)
 
 
+def lane_bits_for(config: ThcConfig, world_size: int) -> int:
+    """The sum lanes of `config` at `world_size` ranks (8, 16 or 32 bits): the check the state's
+    constructor makes. Raises ValueError, naming the ranks and the granularity, when n*g does not
+    fit a 32-bit lane (at the largest granularity, 2^24 - 1, that is from 257 ranks on)."""
+    if world_size > _C.MAX_WORKERS:
+        raise ValueError(f"world size {world_size} exceeds the codec's {_C.MAX_WORKERS} workers")
+    try:
+        return config.lane_bits(world_size)
+    except ValueError as e:
+        raise ValueError(f"THC config refused for {world_size} ranks: {e}") from None
+
+
+def unrotate(cfg: ThcConfig, block: int, padded: int, residual: np.ndarray, d: int) -> np.ndarray:
+    """The textbook residual of a rotated one: sign * Hu(r) / B, its first d floats (binary32:
+    the transform, then the exact scaling by 1/B, then the sign flips)."""
+    w = _C.fwht(np.ascontiguousarray(residual, dtype=np.float32), block)
+    w *= np.float32(1.0 / block)
+    bits = w.view(np.uint32)
+    bits ^= sign_bits(cfg.seed, padded).astype(np.uint32) << np.uint32(31)
+    return w[:d].copy()
+
+
 def _check_nonneg_int(name, value):
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"{name}={value!r} must be an integer >= 0")
     return value
 
 
+class Layout:
+    """One bucket layout (key, size): its codec (with the rotated residual), its shard aggregator
+    and the buffers every round of it reuses (no allocation per call)."""
+
+    def __init__(self, state: "ThcHookState", key, d: int, offsets, device):
+        n, rank = state.world_size, state.rank
+        self.device = device
+        self.key, self.d, self.offsets = key, d, offsets
+        self.cfg = geometry.bucket_config(state.config, d, key)
+        self.codec = ThcCodec(self.cfg, d, rank=rank)
+        self.bounds = geometry.shard_bounds(self.codec.padded, n)
+        lo, hi = self.bounds[rank]
+        self.shard_agg = (ThcAggregator(geometry.shard_config(self.cfg), hi - lo, n)
+                          if hi > lo else None)
+        ranges = [geometry.byte_range(s, e, self.cfg.bits) for s, e in self.bounds]
+        self.in_splits = [b - a for a, b in ranges]
+        self.mine = self.in_splits[rank]
+        self.lane_bytes = state.lane_bits // 8
+        per = self.bounds[0][1] - self.bounds[0][0]
+        self.width = per * self.lane_bytes   # every rank's gathered bytes, padded to shard 0's
+        u8 = dict(dtype=torch.uint8, device=device)
+        self.payload = torch.empty(self.codec.payload_bytes, **u8)
+        self.recv = torch.empty(self.mine * n, **u8)
+        self.own = torch.zeros(self.width, **u8)  # bytes past this shard's sums stay zero
+        self.gathered = torch.empty(self.width * n, **u8)
+        # shard j's sums sit at [j*width, ...): all shards but the last are full, so the first
+        # padded lanes of `gathered` are the whole bucket's sums in order
+        np_lane, torch_lane = _LANE_DTYPE[self.lane_bytes]
+        lanes = self.gathered[:self.codec.padded * self.lane_bytes]
+        parts = [self.recv[j * self.mine:(j + 1) * self.mine] for j in range(n)]
+        if device.type == "cpu":  # the codec takes NumPy views without a conversion per call
+            self.lanes, self.recv_parts = lanes.numpy().view(np_lane), [p.numpy() for p in parts]
+        else:
+            self.lanes, self.recv_parts = lanes.view(torch_lane), parts
+        self._scratch: Dict[str, torch.Tensor] = {}
+
+    def scratch(self, name: str) -> torch.Tensor:
+        """A float32 buffer of d values kept for this layout: "x" (the input when the bucket
+        cannot be encoded as it is), "out" (the result of an fp16/bf16 bucket)."""
+        t = self._scratch.get(name)
+        if t is None:
+            t = self._scratch[name] = torch.empty(self.d, dtype=torch.float32, device=self.device)
+        return t
+
+
 class ThcHookState:
-    """The state of `thc_hook` for one DDP model: configuration, per-parameter error feedback,
-    per-bucket steps and statistics.
+    """The state of `thc_hook` for one DDP model: configuration, error feedback, per-bucket
+    steps and statistics.
 
     process_group:       the group DDP reduces over (None: the default group).
     config:              a ThcConfig shared by all ranks; None = `default_config(world_size)`
@@ -85,13 +167,7 @@ class ThcHookState:
             config = default_config(self.world_size)
         elif not isinstance(config, ThcConfig):
             raise ValueError(f"config must be a ThcConfig or None, got {type(config).__name__}")
-        if self.world_size > _C.MAX_WORKERS:
-            raise ValueError(f"world size {self.world_size} exceeds the codec's "
-                             f"{_C.MAX_WORKERS} workers")
-        try:
-            self.lane_bits = config.lane_bits(self.world_size)
-        except ValueError as e:
-            raise ValueError(f"THC config refused for {self.world_size} ranks: {e}") from None
+        self.lane_bits = lane_bits_for(config, self.world_size)
         self.config = config
         self.min_compress_bytes = _check_nonneg_int("min_compress_bytes", min_compress_bytes)
         self.start_iter = _check_nonneg_int("start_iter", start_iter)
@@ -100,12 +176,13 @@ class ThcHookState:
         self._param_index: Dict[int, int] = {}   # id(parameter) -> canonical index
         self._param_refs: List[torch.Tensor] = []  # keeps those ids from being reused
         self._shapes: List[Tuple[Tuple[int, ...], str]] = []  # per canonical index
-        self._residuals: Dict[int, torch.Tensor] = {}
-        self._flat: Dict[Tuple[int, ...], torch.Tensor] = {}   # bucket key -> its residual
-        self._owner: Dict[int, Tuple[int, ...]] = {}           # index -> key whose flat holds it
+        self._layouts: Dict[Tuple[Tuple[int, ...], int], Layout] = {}
+        self._owner: Dict[int, Tuple[Tuple[int, ...], int]] = {}  # index -> layout, rotated
+        self._loose: Dict[int, torch.Tensor] = {}  # index -> textbook residual, own coordinates
         self._steps: Dict[Tuple[int, ...], int] = {}
-        self._codecs: Dict[tuple, tuple] = {}
         self.handshake_done = False
+        self.device_type: Optional[str] = None  # of the first bucket; every bucket's must match
+        self.pipeline = None  # hook._Pipeline, started on the first CPU bucket
         self.trace: Optional[list] = None  # a list: (bucket key, agreed norm) of every round
         if self.rank == 0:
             log.info("THC comm hook: %d ranks, %d-bit lanes, min_compress_bytes=%d, "
@@ -147,57 +224,72 @@ class ThcHookState:
             key.append(idx)
         return tuple(key)
 
-    def codecs(self, key, d: int):
-        """(config, codec, own aggregator, shard aggregator, shard bounds) of one bucket."""
-        entry = self._codecs.get((key, d))
-        if entry is None:
-            # the codec without its own EF: the hook keeps the residual per parameter
-            cfg = dataclasses.replace(geometry.bucket_config(self.config, d, key),
-                                      error_feedback=False)
-            codec = ThcCodec(cfg, d, rank=self.rank)
-            own = ThcAggregator(cfg, d, 1) if self.config.error_feedback else None
-            bounds = geometry.shard_bounds(codec.padded, self.world_size)
-            lo, hi = bounds[self.rank]
-            shard = (ThcAggregator(geometry.shard_config(cfg), hi - lo, self.world_size)
-                     if hi > lo else None)
-            entry = (cfg, codec, own, shard, bounds)
-            self._codecs[(key, d)] = entry
-        return entry
+    def layout(self, key, params, d: int, device) -> Layout:
+        lay = self._layouts.get((key, d))
+        if lay is None:
+            offsets, lo = [], 0
+            for p in params:
+                offsets.append((lo, lo + p.numel()))
+                lo += p.numel()
+            if lo != d:
+                raise ValueError(f"bucket of {d} values, but its parameters hold {lo}")
+            lay = Layout(self, key, d, offsets, device)
+            self._layouts[(key, d)] = lay
+        return lay
 
     def step_of(self, key) -> int:
         return self._steps.get(key, 0)
 
-    def bucket_residual(self, key, offsets, device) -> torch.Tensor:
-        """The residual of a bucket's parameters, flat in the bucket's order (zeros where none):
-        the bucket's own last residual when it wrote every piece of it, else the pieces joined."""
-        flat = self._flat.get(key)
-        if flat is not None and all(self._owner.get(i) == key for i in key):
-            return flat.to(device)
-        pieces = []
-        for idx, (lo, hi) in zip(key, offsets):
-            r = self._residuals.get(idx)
-            pieces.append(torch.zeros(hi - lo, dtype=torch.float32, device=device) if r is None
-                          else r.to(device))
-        return torch.cat(pieces)
+    # -- error feedback ---------------------------------------------------------------------
+    def _release(self, lid) -> None:
+        """A layout's rotated residual to the per-parameter form; the layout is dropped."""
+        lay = self._layouts.pop(lid)
+        res = lay.codec.residual
+        flat = torch.from_numpy(unrotate(lay.cfg, lay.codec.block, lay.codec.padded, res, lay.d))
+        for idx, (lo, hi) in zip(lay.key, lay.offsets):
+            if self._owner.get(idx) == lid:
+                self._loose[idx] = flat[lo:hi]
+                del self._owner[idx]
 
-    def commit(self, key, offsets, new_residual: Optional[torch.Tensor]):
-        """A compressed round of `key` succeeded: advance its step, store the residuals (views
-        of the bucket's flat residual, which the next round of the same layout reuses)."""
-        self._steps[key] = self.step_of(key) + 1
-        if new_residual is None:
-            return
-        previous = {self._owner.get(i) for i in key} - {None, key}
-        self._flat[key] = new_residual
-        for idx, (lo, hi) in zip(key, offsets):
-            self._residuals[idx] = new_residual[lo:hi]
-            self._owner[idx] = key
-        for old in previous:  # a layout that no longer owns any residual frees its buffer
-            if old not in self._owner.values():
-                self._flat.pop(old, None)
+    def prepare(self, lay: Layout) -> Optional[List[Optional[torch.Tensor]]]:
+        """Before a compressed round of `lay`: None when its codec holds the residual of every
+        parameter (the rotated form continues); else the per-parameter pieces to add to the
+        gradient (None: zero), the residuals of other layouts first moved to that form and this
+        codec's residual zeroed."""
+        lid = (lay.key, lay.d)
+        if not self.config.error_feedback or all(self._owner.get(i) == lid for i in lay.key):
+            return None
+        for idx in lay.key:
+            other = self._owner.get(idx)
+            if other is not None and other != lid:
+                self._release(other)
+        lay.codec.reset_residual()
+        return [self._loose.get(i) for i in lay.key]
+
+    def commit(self, lay: Layout) -> None:
+        """A compressed round of `lay` succeeded: its step advances and its codec now holds
+        the residual of its parameters."""
+        self._steps[lay.key] = self.step_of(lay.key) + 1
+        if self.config.error_feedback:
+            lid = (lay.key, lay.d)
+            for idx in lay.key:
+                self._owner[idx] = lid
+                self._loose.pop(idx, None)
+
+    def residuals(self) -> Dict[int, torch.Tensor]:
+        """Every parameter's residual in its own coordinates (moving the rotated ones to that
+        form, as a change of layout does)."""
+        for lid in {lid for lid in self._owner.values()}:
+            self._release(lid)
+        return dict(self._loose)
 
     # -- persistence ------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        """Plain types and CPU tensors (torch.save / torch.load(weights_only=True) keep them)."""
+        """Plain types and CPU tensors (torch.save / torch.load(weights_only=True) keep them).
+
+        The residuals are saved per parameter, so this moves the rotated ones to that form
+        (`residuals()`): this state then continues exactly as a fresh one loaded from the dict,
+        on any wrapper. Call it between iterations."""
         return {
             "version": STATE_VERSION,
             "fingerprint": self.fingerprint(),
@@ -205,7 +297,7 @@ class ThcHookState:
             "world_size": self.world_size,
             "iteration": self.iteration,
             "params": [[list(shape), dtype] for shape, dtype in self._shapes],
-            "residuals": {int(i): r.detach().cpu().clone() for i, r in self._residuals.items()},
+            "residuals": {int(i): r.detach().cpu().clone() for i, r in self.residuals().items()},
             "steps": [[list(k), s] for k, s in self._steps.items()],
             "stats": dict(self.stats),
         }
@@ -227,6 +319,6 @@ class ThcHookState:
             raise ValueError("load_state_dict into a fresh ThcHookState, before it sees a bucket")
         self.iteration = int(sd["iteration"])
         self._shapes = [(tuple(shape), dtype) for shape, dtype in sd["params"]]
-        self._residuals = {int(i): r.float().clone() for i, r in sd["residuals"].items()}
+        self._loose = {int(i): r.float().reshape(-1).clone() for i, r in sd["residuals"].items()}
         self._steps = {tuple(k): int(s) for k, s in sd["steps"]}
         self.stats = {k: int(sd["stats"].get(k, 0)) for k in _STAT_KEYS}

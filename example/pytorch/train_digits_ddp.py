@@ -17,13 +17,12 @@ import time
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                 "shared"))
 import example_common as common
-from train_digits import make_model, param_digest
+from digits_torch import Digits, make_model, param_digest, train
 
 
 class Group:
@@ -79,11 +78,7 @@ def main(argv=None):
     dtype = getattr(torch, args.dtype)
     torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
 
-    data = common.load_digits_split(args.seed)
-    x_tr, y_tr, steps_per_epoch = common.shard(data[0], rank, size, args.batch_size)
-    n_train, (x_te, y_te) = len(data[0][1]), data[1]
-    x_tr_t, y_tr_t = torch.from_numpy(x_tr).to(dtype), torch.from_numpy(y_tr)
-    x_te_t, y_te_t = torch.from_numpy(x_te).to(dtype), torch.from_numpy(y_te)
+    data = Digits(common, args, rank, size, dtype)
 
     net = make_model(args.hidden, dtype)  # the same seed on every rank; DDP broadcasts rank 0's
     model, state = net, None
@@ -93,42 +88,18 @@ def main(argv=None):
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
     if rank == 0:
         n_params = sum(p.numel() for p in net.parameters())
-        print(f"digits: {n_train} training and {len(y_te)} test images, {size} rank(s), "
-              f"{steps_per_epoch} steps/epoch of {args.batch_size} per rank, MLP 64-{args.hidden}-"
+        print(f"digits: {data.n_train} training and {len(data.y_te)} test images, "
+              f"{size} rank(s), {data.steps_per_epoch} steps/epoch of {args.batch_size} per rank, "
+              f"MLP 64-{args.hidden}-"
               f"{args.hidden}-10 ({n_params} parameters, {args.dtype}), DDP hook "
               f"{args.compressor if distributed else 'none (one process)'}", flush=True)
 
-    def evaluate():
-        net.eval()
-        with torch.no_grad():
-            pred = net(x_te_t).float().argmax(1)
-        net.train()
-        return (pred == y_te_t).float().mean().item()
-
     tx0, t0 = common.loopback_tx_bytes(), time.perf_counter()
-    steps = 0
-    gen = torch.Generator().manual_seed(args.seed + 1000 * rank)
-    for epoch in range(1, args.epochs + 1):
-        order = torch.randperm(len(y_tr_t), generator=gen)
-        total_loss, correct, seen = 0.0, 0, 0
-        for s in range(steps_per_epoch):
-            idx = order[s * args.batch_size:(s + 1) * args.batch_size]
-            xb, yb = x_tr_t[idx], y_tr_t[idx]
-            opt.zero_grad()
-            out = model(xb)
-            loss = F.cross_entropy(out.float(), yb)
-            loss.backward()
-            opt.step()
-            steps += 1
-            total_loss += loss.item() * len(yb)
-            correct += (out.argmax(1) == yb).sum().item()
-            seen += len(yb)
-        if rank == 0:
-            print(f"epoch {epoch:2d}/{args.epochs}  loss {total_loss / seen:.4f}  "
-                  f"train acc {correct / seen:.4f}  test acc {evaluate():.4f}", flush=True)
+    steps = train(model, net, opt, data, args, rank, report=rank == 0)
     seconds = time.perf_counter() - t0
     result = dict(common.wire_stats(tx0, common.loopback_tx_bytes(), steps),
-                  accuracy=evaluate(), steps=steps, seconds=seconds, digest=param_digest(net),
+                  accuracy=data.accuracy(net), steps=steps, seconds=seconds,
+                  digest=param_digest(net),
                   param_bytes=sum(p.numel() * p.element_size() for p in net.parameters()))
     if state is not None:
         result["thc"] = dict(state.stats)

@@ -96,12 +96,38 @@ def test_shards_are_whole_bytes_of_the_payload(bits, n):
 
 
 # -- the reference simulation of a run ------------------------------------------------------------
-def simulate(n, layouts, trace, cfg, dtype, start_iter, min_bytes, state):
+# The error-feedback rule (byteps_thc/ddp/state.py): each parameter's residual is either rotated,
+# in the codec of the layout (key, d) that last encoded it, or in its own coordinates. A layout
+# whose parameters are not all its own moves every other layout's rotated residual that holds one
+# of them to per-parameter form (reference.unrotate_residual, cut to the pieces), zeroes its own,
+# and encodes gradient + those pieces; state_dict() moves every rotated residual to that form.
+def bucket_cfg(cfg, key, d):
+    return ThcConfig(**dict(cfg, rotation_block=expected_block(d),
+                            seed=expected_seed(cfg["seed"], key)))
+
+
+def release(sim, r, lid):
+    key, d, sizes, cfg = sim["layouts"][lid]
+    flat = reference.unrotate_residual(bucket_cfg(cfg, key, d), sim["rot"].pop((r, lid)), d)
+    for k, piece in zip(key, np.split(flat, np.cumsum(sizes)[:-1])):
+        if sim["owner"].get((r, k)) == lid:
+            sim["loose"][(r, k)] = piece
+            del sim["owner"][(r, k)]
+
+
+def release_all(sim, n):
+    for r in range(n):
+        for lid in {lid for (rr, _), lid in sim["owner"].items() if rr == r}:
+            release(sim, r, lid)
+
+
+def simulate(n, layouts, trace, cfg, dtype, start_iter, min_bytes, sim):
     """Expected p.grad per step (model index -> tensor) for the logged bucket layouts.
 
-    `state` (canonical numbering, residuals, steps) carries over between calls, as the hook's."""
-    canon, res, steps = state.setdefault("canon", {}), state.setdefault("res", {}), \
-        state.setdefault("steps", {})
+    `sim` (canonical numbering, residuals, steps) carries over between calls, as the hook's."""
+    canon, steps = sim.setdefault("canon", {}), sim.setdefault("steps", {})
+    owner, loose, rot = (sim.setdefault(k, {}) for k in ("owner", "loose", "rot"))
+    sim.setdefault("layouts", {})
     rounds = iter(trace)
     expected = {}
     for it, idxs in layouts:
@@ -124,30 +150,42 @@ def simulate(n, layouts, trace, cfg, dtype, start_iter, min_bytes, state):
             continue
         got_key, m = next(rounds)
         assert tuple(got_key) == key
+        lid = (key, d)
+        sim["layouts"][lid] = (key, d, sizes, cfg)
+        c = bucket_cfg(cfg, key, d)
         x = []
         for r in range(n):
-            resid = [res.get((r, k), np.zeros(s, np.float32)) for k, s in zip(key, sizes)]
-            x.append(flat[r].float().numpy() + np.concatenate(resid))
+            xr = flat[r].float().numpy().copy()
+            if not all(owner.get((r, k)) == lid for k in key):
+                for k in key:
+                    other = owner.get((r, k))
+                    if other is not None and other != lid:
+                        release(sim, r, other)
+                rot[(r, lid)] = reference.initial_residual(c, d)
+                lo = 0
+                for k, size in zip(key, sizes):
+                    if (r, k) in loose:
+                        xr[lo:lo + size] += loose[(r, k)]
+                    lo += size
+            x.append(xr)
         if not all(np.isfinite(xr).all() for xr in x):  # NaN on every rank, the state kept
             assert math.isnan(m)
             for i in idxs:
                 out[i] = ("nan", None)
             continue
-        norms = [reference.norm(xr) for xr in x]
+        norms = [reference.norm(xr, rot[(r, lid)], c) for r, xr in enumerate(x)]
         assert m == pytest.approx(max(norms), rel=1e-6)  # the norm is not bit-exact (contract)
-        c = ThcConfig(**dict(cfg, rotation_block=expected_block(d),
-                             seed=expected_seed(cfg["seed"], key), error_feedback=False))
         step = steps.get(key, 0)
-        payloads = [reference.encode(c, x[r], m, r, step)[0] for r in range(n)]
-        mean = reference.decode(c, reference.aggregate(c, payloads, d, n), d, n, m)
+        enc = [reference.encode(c, x[r], m, r, step, rot[(r, lid)]) for r in range(n)]
+        mean = reference.decode(c, reference.aggregate(c, [e[0] for e in enc], d, n), d, n, m)
         parts = torch.split(torch.from_numpy(mean).to(pdtype), sizes)
         for i, p in zip(idxs, parts):
             out[i] = (p.reshape(grads[0][i].shape), None)
         for r in range(n):
-            own = reference.decode(c, reference.aggregate(c, [payloads[r]], d, 1), d, 1, m)
-            new = x[r] - own
-            for k, piece in zip(key, np.split(new, np.cumsum(sizes)[:-1])):
-                res[(r, k)] = piece
+            rot[(r, lid)] = enc[r][1]
+            for k in key:
+                owner[(r, k)] = lid
+                loose.pop((r, k), None)
         steps[key] = step + 1
     return expected, list(rounds)
 
@@ -181,6 +219,7 @@ def test_hook_is_the_reference_bit_for_bit(tmp_path, n, dtype, start_iter):
     expected, rest = simulate(n, r0["layouts"], r0["trace"], r0["config"],
                               getattr(torch, dtype), start_iter, 1024, sim)
     check(expected, r0["grads"], 0)
+    release_all(sim, n)  # the worker called state_dict() here
     # the original state on a new wrapper, continuing from the same residuals and steps
     expected, rest = simulate(n, r0["layouts_a"], rest, r0["config"], getattr(torch, dtype),
                               start_iter, 1024, sim)

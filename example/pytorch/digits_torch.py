@@ -1,0 +1,72 @@
+"""What the PyTorch digits examples share: the model, its digest, the data and the training loop.
+
+train_digits.py (BytePS) and train_digits_ddp.py (DDP with the THC comm hook) differ only in how
+gradients are averaged; both import this module from their own folder (on sys.path as the
+script's directory), so that the model, the shards, the batch order and the loop are one code.
+"""
+import hashlib
+
+import torch
+import torch.nn.functional as F
+
+
+def make_model(hidden, dtype):
+    torch.manual_seed(1234)  # every worker starts alike; the launchers' broadcasts make sure
+    return torch.nn.Sequential(
+        torch.nn.Linear(64, hidden), torch.nn.ReLU(),
+        torch.nn.Linear(hidden, hidden), torch.nn.ReLU(),
+        torch.nn.Linear(hidden, 10)).to(dtype)
+
+
+def param_digest(model):
+    h = hashlib.sha256()
+    for name, p in sorted(model.state_dict().items()):
+        h.update(name.encode())
+        h.update(p.detach().contiguous().view(torch.uint8).numpy().tobytes()
+                 if p.dtype != torch.bfloat16 else p.detach().float().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+class Digits:
+    """This rank's training shard and the test set as tensors (example_common's split)."""
+
+    def __init__(self, common, args, rank, size, dtype):
+        data = common.load_digits_split(args.seed)
+        x_tr, y_tr, self.steps_per_epoch = common.shard(data[0], rank, size, args.batch_size)
+        self.n_train, (x_te, y_te) = len(data[0][1]), data[1]
+        self.x_tr, self.y_tr = torch.from_numpy(x_tr).to(dtype), torch.from_numpy(y_tr)
+        self.x_te, self.y_te = torch.from_numpy(x_te).to(dtype), torch.from_numpy(y_te)
+
+    def accuracy(self, net):
+        net.eval()
+        with torch.no_grad():
+            pred = net(self.x_te).float().argmax(1)
+        net.train()
+        return (pred == self.y_te).float().mean().item()
+
+
+def train(model, net, opt, data, args, rank, report=True):
+    """args.epochs epochs of SGD on this rank's shard, in a batch order seeded by (seed, rank);
+    `model` is what the step calls (a DDP wrapper or the module), `net` what is evaluated. Prints
+    each epoch's loss and accuracies when `report`. Returns the number of steps."""
+    steps = 0
+    gen = torch.Generator().manual_seed(args.seed + 1000 * rank)
+    for epoch in range(1, args.epochs + 1):
+        order = torch.randperm(len(data.y_tr), generator=gen)
+        total_loss, correct, seen = 0.0, 0, 0
+        for s in range(data.steps_per_epoch):
+            idx = order[s * args.batch_size:(s + 1) * args.batch_size]
+            xb, yb = data.x_tr[idx], data.y_tr[idx]
+            opt.zero_grad()
+            out = model(xb)
+            loss = F.cross_entropy(out.float(), yb)
+            loss.backward()
+            opt.step()
+            steps += 1
+            total_loss += loss.item() * len(yb)
+            correct += (out.argmax(1) == yb).sum().item()
+            seen += len(yb)
+        if report:
+            print(f"epoch {epoch:2d}/{args.epochs}  loss {total_loss / seen:.4f}  "
+                  f"train acc {correct / seen:.4f}  test acc {data.accuracy(net):.4f}", flush=True)
+    return steps
