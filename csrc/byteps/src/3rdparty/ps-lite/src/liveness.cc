@@ -234,6 +234,29 @@ std::string ClusterFailure() {
   return G().failure;
 }
 
+void ReportOversizedPull(uint64_t first_key, size_t buffer_bytes, size_t reply_bytes) {
+  // the server that holds the key, by the key ranges every worker shares
+  Node server;
+  const auto& ranges = Postoffice::Get()->GetServerKeyRanges();
+  for (size_t r = 0; r < ranges.size(); ++r) {
+    if (first_key >= ranges[r].begin() && first_key < ranges[r].end()) {
+      const int id = Postoffice::ServerRankToID(static_cast<int>(r));
+      if (!LookupNode(id, &server)) {
+        server.id = id;
+        server.role = Node::SERVER;
+      }
+      break;
+    }
+  }
+  std::ostringstream os;
+  os << "ps-lite: " << (server.id == Node::kEmpty ? std::string("a server") : DescribeNode(server))
+     << " answered the pull of key " << first_key << " with " << reply_bytes
+     << " bytes, more than the " << buffer_bytes << " bytes this worker expects: the server and "
+     << "this worker disagree on the size of that tensor (run the same byteps-thc build and the "
+     << "same model on every node)";
+  Fail(server, os.str());
+}
+
 int DeadNodeTimeout() { return EnvSeconds("PS_HEARTBEAT_TIMEOUT"); }
 
 bool LookupNode(int id, Node* node) {

@@ -14,6 +14,8 @@
 #ifndef PS_INTERNAL_LIVENESS_H_
 #define PS_INTERNAL_LIVENESS_H_
 
+#include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
@@ -37,6 +39,11 @@ constexpr int kDeadNodeExitStatus = 1;
 // Whether this process has learnt of a dead node, and the message it was told.
 bool ClusterFailed();
 std::string ClusterFailure();
+
+// A pull reply that does not fit the worker's buffer (patch 0021, KVWorker::Pull_): the server
+// and this worker disagree on the size of the tensor of `first_key`. Fails this process as a dead
+// node does (the handler, naming that server), instead of the CHECK that aborted it.
+void ReportOversizedPull(uint64_t first_key, size_t buffer_bytes, size_t reply_bytes);
 
 // PS_HEARTBEAT_TIMEOUT in seconds (0: detection off).
 int DeadNodeTimeout();
