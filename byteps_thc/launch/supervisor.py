@@ -206,7 +206,7 @@ class Supervisor:
 
     def __init__(self, specs: Sequence[ProcSpec], out: Optional[TextIO] = None,
                  err: Optional[TextIO] = None, prefix: bool = True, grace: float = 60.0,
-                 timeout: Optional[float] = None, shutdown_timeout: float = 20.0,
+                 timeout: Optional[float] = None, shutdown_timeout: float = 5.0,
                  kill_timeout: float = 3.0, poll_interval: float = 0.05,
                  dirs: Sequence[str] = (), shm_prefixes: Sequence[str] = (),
                  echo: bool = True, keep_lines: bool = False,
@@ -422,7 +422,11 @@ class Supervisor:
             return Outcome(1, f"{first[0]} {what} {self.grace:.0f}s ago but "
                            f"{', '.join(running_workers)} still running; "
                            "stopping them (hung?)", failed=running_workers[0], kind="hung")
-        # 4. all workers done: give the other roles time to leave
+        # 4. all workers done: give the other roles a moment to leave. Only a moment: they wait
+        # for nothing but the workers' finalize barrier, which workers that left after a cluster
+        # failure skip, and ps-lite's dead-node detection would then end them with status 1 the
+        # dead-node timeout after those workers' last heartbeat, failing a run whose scripts
+        # handled the failure and exited 0.
         if not running_workers:
             if self._all_done_at is None:
                 self._all_done_at = now

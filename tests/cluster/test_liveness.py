@@ -2,7 +2,9 @@
 on separate machines, with the real BytePS scheduler, server and workers on 127.0.0.1.
 
 - a server or a worker SIGKILLed mid-training: every other process exits non-zero, the workers
-  naming the dead node (role, id, address), found by ps-lite's heartbeats;
+  naming the dead node (role, id, address), found by ps-lite's heartbeats; a server whose
+  heartbeats never reach the scheduler (here: turned off on it, as when it dies before its first
+  one arrives) is found all the same, counted from the moment the cluster formed;
 - a worker that sleeps inside training: the server names the missing worker, fails the round
   after BYTEPS_THC_STALL_TIMEOUT, and every process exits non-zero; nothing is left behind.
 
@@ -73,7 +75,8 @@ class RoleCluster:
     """Scheduler, one server and two workers, each its own `bpslaunch` and process group, with
     its output in a file (no pipe can fill up and block it)."""
 
-    def __init__(self, tmp_path, script, worker_flags=(), server_flags=(), extra_env=None):
+    def __init__(self, tmp_path, script, worker_flags=(), server_flags=(), extra_env=None,
+                 server_env=None):
         self.port, self.sport, w0, w1 = free_ports(4)
         paths = [FORK_DIR, ROOT, os.environ.get("PYTHONPATH", "")]
         base = {k: v for k, v in os.environ.items()
@@ -86,7 +89,8 @@ class RoleCluster:
         launch = [sys.executable, "-m", "byteps_thc.launch"]
         self.roles = [
             ("scheduler", {}, launch),
-            ("server", {"DMLC_NODE_PORT": str(self.sport)}, launch + list(server_flags)),
+            ("server", dict(server_env or {}, DMLC_NODE_PORT=str(self.sport)),
+             launch + list(server_flags)),
         ] + [(f"worker {i}", {"DMLC_WORKER_ID": str(i), "DMLC_NODE_PORT": str(p),
                               "BYTEPS_SOCKET_PATH": str(tmp_path / f"w{i}")},
               launch + list(worker_flags) + ["--", sys.executable, script])
@@ -167,22 +171,27 @@ def _address(port):
     return f"127.0.0.1:{port}"
 
 
-# Known bug (issue 14): in some runs the scheduler never declares the killed server dead (the
-# workers then wait until the test's bound), while the worker-killed case below is reliable.
-# Until it is found, this test reports XFAIL/XPASS instead of failing CI.
-@pytest.mark.xfail(strict=False, reason="intermittent: the scheduler can miss a dead server "
-                   "(issue 14, not yet explained)")
-def test_server_killed_fails_every_worker_naming_it(tmp_path, role_cluster):
-    c = role_cluster(train_script(tmp_path, ""))
-    c.wait_for(["worker 0", "worker 1"], "step 5", timeout=240)
+@pytest.mark.parametrize("beats", ["heartbeats", "silent"])
+def test_server_killed_fails_every_worker_naming_it(tmp_path, role_cluster, beats):
+    # "silent": the server sends no heartbeat at all (PS_HEARTBEAT_INTERVAL=0 on it alone), as
+    # one killed before its first heartbeat reached the scheduler; the scheduler watches it from
+    # the moment the cluster formed all the same
+    server_env = {"PS_HEARTBEAT_INTERVAL": "0"} if beats == "silent" else {}
+    c = role_cluster(train_script(tmp_path, ""), server_env=server_env)
+    # "silent": step 0, since the scheduler declares that server dead DEAD_NODE_TIMEOUT after
+    # the cluster formed, killed or not
+    c.wait_for(["worker 0", "worker 1"], "step 5" if beats == "heartbeats" else "step 0",
+               timeout=240)
     killed = c.kill_role("server")
     codes = c.wait_all(["worker 0", "worker 1", "scheduler"], EXIT_BOUND, since=killed)
     assert all(code != 0 for code in codes.values()), (codes, c.all_text())
+    why = ("is gone: no heartbeat for " if beats == "heartbeats"
+           else "is gone: no heartbeat in the ")
     for w in ("worker 0", "worker 1"):
         text = c.text(w)
         # the report names the role, the id and the address of the dead server
         assert "server rank 0 (ps-lite node 8, " + _address(c.sport) + ")" in text, text[-3000:]
-        assert "is gone: no heartbeat" in text, text[-3000:]
+        assert why in text, text[-3000:]
         assert "RuntimeError" in text, text[-3000:]  # the script's push_pull raised it
     assert "server rank 0" in c.text("scheduler")
     assert c.stop() == [] and shm_of_cluster(c.port) == []

@@ -33,9 +33,13 @@ struct State {
   std::condition_variable cv;
   bool stop = false;
   std::unique_ptr<std::thread> thread;
-  std::map<int, Node> nodes;                    // id -> node, from ADD_NODE
-  std::map<int, Clock::time_point> last_heard;  // id -> last heartbeat (scheduler: its answers)
-  std::set<int> dead;                           // ids reported dead
+  std::map<int, Node> nodes;  // id -> node, from ADD_NODE
+  // id -> the last heartbeat (a worker or server: the scheduler's answers). The scheduler enters
+  // every worker and server when the node list is complete (RecordNodes), so that a node which
+  // dies before its first heartbeat arrives is watched as well.
+  std::map<int, Clock::time_point> last_heard;
+  std::set<int> heard;  // the scheduler: ids that have sent at least one heartbeat
+  std::set<int> dead;   // ids reported dead
   DeadNodeHandler handler;
   std::string failure;
   std::atomic<bool> failed{false};
@@ -125,12 +129,18 @@ void Announce(Van* van, const Node& dead, const std::string& why) {
   Fail(dead, why + "; the scheduler told the " + std::to_string(to.size()) + " other nodes");
 }
 
+struct Silence {
+  Node node;
+  double seconds;  // since the last heartbeat, or since the node list was complete
+  bool heard;      // whether any heartbeat came from it
+};
+
 // One look at the clock: the dead nodes, each reported once.
 void Check(Van* van, bool scheduler, int timeout, Clock::time_point start) {
   State& g = G();
   const auto now = Clock::now();
   const auto limit = std::chrono::seconds(timeout);
-  std::vector<std::pair<Node, double>> found;
+  std::vector<Silence> found;
   {
     std::lock_guard<std::mutex> lk(g.mu);
     if (scheduler) {
@@ -145,29 +155,39 @@ void Check(Van* van, bool scheduler, int timeout, Clock::time_point start) {
           n.id = kv.first;
           n.role = IsWorkerId(kv.first) ? Node::WORKER : Node::SERVER;
         }
-        found.emplace_back(n, std::chrono::duration<double>(now - kv.second).count());
+        found.push_back({n, std::chrono::duration<double>(now - kv.second).count(),
+                         g.heard.count(kv.first) > 0});
       }
     } else {
       auto it = g.last_heard.find(kScheduler);
       const auto last = (it == g.last_heard.end() || it->second < start) ? start : it->second;
       if (now - last > limit) {
-        found.emplace_back(Node(), std::chrono::duration<double>(now - last).count());
+        // the scheduler's node is looked up below: LookupNode takes g.mu
+        found.push_back(
+            {Node(), std::chrono::duration<double>(now - last).count(), it != g.last_heard.end()});
       }
     }
   }
   for (auto& f : found) {
     std::ostringstream os;
     os.precision(3);
-    if (scheduler) {
-      os << "ps-lite: " << DescribeNode(f.first) << " is gone: no heartbeat for " << f.second
-         << " s (PS_HEARTBEAT_TIMEOUT=" << timeout << ")";
-      Announce(van, f.first, os.str());
-    } else {
-      Node s = SchedulerNode();
-      os << "ps-lite: lost the " << DescribeNode(s) << ": no answer to heartbeats for " << f.second
-         << " s (PS_HEARTBEAT_TIMEOUT=" << timeout << ")";
-      Fail(s, os.str());
+    if (!scheduler) {
+      f.node = SchedulerNode();
+      os << "ps-lite: lost the " << DescribeNode(f.node) << ": no answer to heartbeats for "
+         << f.seconds << " s (PS_HEARTBEAT_TIMEOUT=" << timeout << ")";
+      Fail(f.node, os.str());
+      continue;
     }
+    os << "ps-lite: " << DescribeNode(f.node) << " is gone: no heartbeat ";
+    if (f.heard) {
+      os << "for " << f.seconds << " s (PS_HEARTBEAT_TIMEOUT=" << timeout << ")";
+    } else {
+      os << "in the " << f.seconds
+         << " s since the cluster formed (PS_HEARTBEAT_TIMEOUT=" << timeout
+         << "; a node sends them only with PS_HEARTBEAT_INTERVAL > 0, which bpslaunch "
+         << "sets)";
+    }
+    Announce(van, f.node, os.str());
   }
 }
 
@@ -214,6 +234,29 @@ std::string ClusterFailure() {
   return G().failure;
 }
 
+void ReportOversizedPull(uint64_t first_key, size_t buffer_bytes, size_t reply_bytes) {
+  // the server that holds the key, by the key ranges every worker shares
+  Node server;
+  const auto& ranges = Postoffice::Get()->GetServerKeyRanges();
+  for (size_t r = 0; r < ranges.size(); ++r) {
+    if (first_key >= ranges[r].begin() && first_key < ranges[r].end()) {
+      const int id = Postoffice::ServerRankToID(static_cast<int>(r));
+      if (!LookupNode(id, &server)) {
+        server.id = id;
+        server.role = Node::SERVER;
+      }
+      break;
+    }
+  }
+  std::ostringstream os;
+  os << "ps-lite: " << (server.id == Node::kEmpty ? std::string("a server") : DescribeNode(server))
+     << " answered the pull of key " << first_key << " with " << reply_bytes
+     << " bytes, more than the " << buffer_bytes << " bytes this worker expects: the server and "
+     << "this worker disagree on the size of that tensor (run the same byteps-thc build and the "
+     << "same model on every node)";
+  Fail(server, os.str());
+}
+
 int DeadNodeTimeout() { return EnvSeconds("PS_HEARTBEAT_TIMEOUT"); }
 
 bool LookupNode(int id, Node* node) {
@@ -256,9 +299,15 @@ int MyWorkerId() {
 }
 
 void RecordNodes(const std::vector<Node>& nodes) {
+  const bool scheduler = Postoffice::Get()->is_scheduler();
+  const auto now = Clock::now();
   std::lock_guard<std::mutex> lk(G().mu);
   for (const auto& n : nodes) {
-    if (n.id != Node::kEmpty) G().nodes[n.id] = n;
+    if (n.id == Node::kEmpty) continue;
+    G().nodes[n.id] = n;
+    // the clock of a node starts when the scheduler announces the complete node list (the node
+    // starts its heartbeats on receiving it); a heartbeat that came first is kept
+    if (scheduler && n.role != Node::SCHEDULER) G().last_heard.emplace(n.id, now);
   }
 }
 
@@ -269,9 +318,14 @@ void Start(Van* van) {
   std::lock_guard<std::mutex> lk(g.mu);
   if (g.thread) return;
   g.stop = false;
-  g.last_heard.clear();
-  g.dead.clear();
+  // last_heard is not reset here: the receiver thread has filled it (RecordNodes, and heartbeats
+  // that arrived while this thread still waited for the van), and Stop() empties it
   if (interval <= 0 && timeout <= 0) return;
+  if (interval <= 0 && !Postoffice::Get()->is_scheduler()) {
+    LOG(WARNING) << "PS_HEARTBEAT_TIMEOUT=" << timeout << " without PS_HEARTBEAT_INTERVAL: this "
+                 << "node sends no heartbeats, and a scheduler with PS_HEARTBEAT_TIMEOUT set "
+                 << "declares it dead";
+  }
   if (timeout > 0 && interval > 0 && interval * 2 > timeout) {
     LOG(WARNING) << "PS_HEARTBEAT_INTERVAL=" << interval << " is more than half of "
                  << "PS_HEARTBEAT_TIMEOUT=" << timeout << ": one late heartbeat declares a "
@@ -287,6 +341,9 @@ void Stop() {
     std::lock_guard<std::mutex> lk(g.mu);
     g.stop = true;
     t = std::move(g.thread);
+    g.last_heard.clear();
+    g.heard.clear();
+    g.dead.clear();
   }
   g.cv.notify_all();
   if (t && t->get_id() != std::this_thread::get_id()) t->join();
@@ -296,6 +353,7 @@ void Stop() {
 void OnHeartbeat(int sender_id) {
   std::lock_guard<std::mutex> lk(G().mu);
   G().last_heard[sender_id] = Clock::now();
+  G().heard.insert(sender_id);
 }
 
 void OnDeadNodeNotice(const Message& msg) {

@@ -3,15 +3,19 @@
 // Every worker and server sends a heartbeat to the scheduler each PS_HEARTBEAT_INTERVAL seconds
 // and the scheduler answers each one. A node is dead when nothing was heard from it for
 // PS_HEARTBEAT_TIMEOUT seconds:
-// - the scheduler watches every worker and server that has sent at least one heartbeat (a node
-//   whose heartbeats are off is never declared dead); it tells every survivor with a DEAD_NODE
-//   control message that names the dead node, then fails itself;
+// - the scheduler watches every worker and server from the moment it sends out the complete node
+//   list (ADD_NODE), before any heartbeat: a node that dies before its first heartbeat arrives
+//   is declared dead too, and so is one whose heartbeats are off (PS_HEARTBEAT_INTERVAL=0) while
+//   the scheduler's PS_HEARTBEAT_TIMEOUT is set (the message says so); it tells every survivor
+//   with a DEAD_NODE control message that names the dead node, then fails itself;
 // - a worker or server watches the scheduler's answers and fails itself when they stop.
 // Failing runs the handler (SetDeadNodeHandler) once per process. Either variable at 0 (the
 // default) turns detection off, as upstream.
 #ifndef PS_INTERNAL_LIVENESS_H_
 #define PS_INTERNAL_LIVENESS_H_
 
+#include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
@@ -35,6 +39,11 @@ constexpr int kDeadNodeExitStatus = 1;
 // Whether this process has learnt of a dead node, and the message it was told.
 bool ClusterFailed();
 std::string ClusterFailure();
+
+// A pull reply that does not fit the worker's buffer (patch 0021, KVWorker::Pull_): the server
+// and this worker disagree on the size of the tensor of `first_key`. Fails this process as a dead
+// node does (the handler, naming that server), instead of the CHECK that aborted it.
+void ReportOversizedPull(uint64_t first_key, size_t buffer_bytes, size_t reply_bytes);
 
 // PS_HEARTBEAT_TIMEOUT in seconds (0: detection off).
 int DeadNodeTimeout();
