@@ -10,6 +10,8 @@ and the whole partition), prints the median time per coordinate of
     step       norm + encode with error feedback: a worker's whole codec work before the pull
                (the norm rotates x; the encode of the same x quantises that rotation)
     decode     ThcCodec.decode of n=4 workers' sums, into a preallocated output
+    encode_alloc, decode_alloc  the same without `out`: the Python API's default, a new payload
+               (output) per call, which is what these add to encode and decode
     aggregate  one ThcAggregator.add (unpack, table lookup, integer add)
 
 and each as a ratio to memcpy, with one thread and with all threads (independent partitions in
@@ -78,6 +80,12 @@ class Partition:
 
     def encode(self):
         self.codec.encode(self.x, self.max_norm, out=self.payload)
+
+    def encode_alloc(self):
+        self.codec.encode(self.x, self.max_norm)
+
+    def decode_alloc(self):
+        self.codec.decode(self.sums, self.max_norm, WORKERS)
 
     def encode_noef(self):
         self.codec_noef.encode(self.x, self.max_norm, out=self.payload)

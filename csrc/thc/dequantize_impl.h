@@ -80,8 +80,6 @@ void ScaleSigned(const float* w, size_t n, uint64_t j0, uint32_t sign_key, float
 
 namespace {
 
-constexpr size_t kMaxDecodePipelineBlock = (size_t)1 << 16;
-
 template <class T>
 struct SumsSource {  // z = float(S) * m1 + m0
   const T* s;
@@ -126,10 +124,10 @@ void DecodePipeline(const T* sums, size_t nvalid, size_t n, uint64_t j0, size_t 
 
 void DecodeChunk(const void* sums, int lane_bits, size_t nvalid, size_t n, uint64_t j0,
                  size_t block, uint32_t sign_key, float m1, float m0, float* work, float* out) {
-  // sign * (w * 1) == sign * w: the pipeline skips the multiply by one.
-  // Blocks beyond L2 decode faster one kernel after another (measured: 2^20 whole-partition
-  // blocks 0.67 fused vs 0.57 ns/coord; the last pass's strided stores to out miss the cache).
-  if (W >= 8 && block >= kMinPipelineBlock && block <= kMaxDecodePipelineBlock) {
+  // sign * (w * 1) == sign * w: the pipeline skips the multiply by one. Blocks of any size
+  // (the last pass hands the sink each stream's lines in a row, so its strided stores to out
+  // are whole lines; see RadixPassTo).
+  if (W >= 8 && block >= kMinPipelineBlock) {
     auto run = [&](auto* lanes) {
       DecodePipeline(lanes, nvalid, n, j0, block, sign_key, m1, m0, work, out);
     };

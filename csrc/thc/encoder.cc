@@ -47,11 +47,29 @@ struct Encoder::Impl {
   bool Probe(const float* grad, bool save);
   // y for the whole partition into scratch (sum of y^2 into *sumsq): a Status.
   Status Rotate(const float* grad, double* sumsq);
-  detail::AlignedArray<float> work;           // chunk floats
-  detail::AlignedArray<uint8_t> idx;          // chunk indices
   std::vector<int32_t> lvl, tbl;
   std::vector<float> tblf, ig, ig24, efr;
 };
+
+namespace {
+
+// A chunk's work floats and index bytes, per thread rather than per encoder: a worker that
+// encodes many partitions in turn keeps one set in cache instead of touching a cold one each
+// time (a whole-partition block makes it as large as the partition).
+struct ChunkWork {
+  detail::AlignedArray<float> work;
+  detail::AlignedArray<uint8_t> idx;
+};
+ChunkWork& ThreadChunkWork(size_t chunk) {
+  thread_local ChunkWork w;
+  if (w.work.size() < chunk) {
+    w.work.resize(chunk);
+    w.idx.resize(chunk);
+  }
+  return w;
+}
+
+}  // namespace
 
 Encoder::Encoder(const Config& cfg, size_t d, uint32_t rank, bool error_feedback)
     : impl_(new Impl) {
@@ -63,8 +81,6 @@ Encoder::Encoder(const Config& cfg, size_t d, uint32_t rank, bool error_feedback
   m.sign_key = SignKey(cfg.seed);
   m.chunk = std::max(m.geo.block, detail::kChunk);
   m.chunk = std::min(m.chunk, std::max(m.geo.padded, m.geo.block));
-  m.work.resize(m.chunk);
-  m.idx.resize(m.chunk);
   if (m.ef) {
     m.res.resize(m.geo.padded);
     m.scratch.resize(m.geo.padded);
@@ -211,6 +227,7 @@ Status Encoder::Encode(const float* grad, double max_norm, uint8_t* payload) {
   }
 
   const size_t bits = (size_t)m.cfg.bits;
+  ChunkWork& cw = ThreadChunkWork(m.chunk);
   double bound = 0;  // of the new residual
   for (size_t j0 = 0; j0 < geo.padded; j0 += m.chunk) {
     const size_t n = std::min(m.chunk, geo.padded - j0);
@@ -219,8 +236,8 @@ Status Encoder::Encode(const float* grad, double max_norm, uint8_t* payload) {
     double chunk_bound = 0;
     if (prepared) {  // y is in scratch: quantise it there (it becomes the new residual)
       float* y = m.scratch.data() + j0;
-      const uint32_t mb = k.quantize(y, n, j0, qp, m.idx.data());  // the exact bound
-      k.pack(m.idx.data(), n, (int)bits, out);
+      const uint32_t mb = k.quantize(y, n, j0, qp, cw.idx.data());  // the exact bound
+      k.pack(cw.idx.data(), n, (int)bits, out);
       float r;
       std::memcpy(&r, &mb, 4);
       chunk_bound = r;
@@ -228,7 +245,7 @@ Status Encoder::Encode(const float* grad, double max_norm, uint8_t* payload) {
     } else {
       const size_t nvalid = j0 < geo.d ? std::min(n, geo.d - j0) : 0;
       st = k.encode_chunk(nvalid ? grad + j0 : nullptr, m.ef ? m.res.data() + j0 : nullptr,
-                          nvalid, n, j0, geo.block, m.sign_key, qp, m.work.data(), m.idx.data(),
+                          nvalid, n, j0, geo.block, m.sign_key, qp, cw.work.data(), cw.idx.data(),
                           out, m.ef ? m.scratch.data() + j0 : nullptr, &chunk_bound);
     }
     if (st == detail::kChunkNonFinite) return Status::kNonFinite;

@@ -115,39 +115,55 @@ struct PermLut {
   vf Efr(vi i) const { return (vf)_mm512_permutexvar_ps((__m512i)i, efr); }
 };
 #elif THC_W == 8
+// AVX2 has one lane permute port, so the lookups that fit elsewhere go elsewhere: the level and
+// TBL (values < 32) are byte-table lookups (vpshufb, two ports), and the error's level value is
+// computed as step 7 writes it, float(TBL[q]) * k1 + k0 (the same two roundings that built the
+// efr table), so that only IG24 is a pair of permutes.
 struct PermLut {
-  __m256i lv[4];
-  __m256 tf[2], g[2], r[2];
+  __m256i lvl_lo, lvl_hi;  // lvl[k] for k < 16 and lvl[16 + k], bytes, in both 128-bit halves
+  __m256i tblb;            // TBL[i] as bytes (TBL[0] = 0), in both halves
+  __m256 g[2];
+  __m256 k1, k0;
   explicit PermLut(const QuantParams& p) {
-    int32_t l[32] = {0};
-    float t[16] = {0}, q[16] = {0}, e[16] = {0};
-    for (int k = 0; k < 32 && p.tbl[p.levels - 1] >= (int32_t)k; ++k) l[k] = p.lvl[k];
+    uint8_t l[32] = {0}, t[16] = {0};
+    float q[16] = {0};
+    for (int k = 0; k < 32 && p.tbl[p.levels - 1] >= (int32_t)k; ++k) l[k] = (uint8_t)p.lvl[k];
     for (int i = 0; i < p.levels; ++i) {
-      t[i] = p.tblf[i];
+      t[i] = (uint8_t)p.tbl[i];
       q[i] = p.ig24[i];
-      e[i] = p.efr ? p.efr[i] : 0.0f;
     }
-    for (int j = 0; j < 4; ++j) lv[j] = _mm256_loadu_si256((const __m256i*)(l + 8 * j));
-    for (int j = 0; j < 2; ++j) {
-      tf[j] = _mm256_loadu_ps(t + 8 * j);
-      g[j] = _mm256_loadu_ps(q + 8 * j);
-      r[j] = _mm256_loadu_ps(e + 8 * j);
-    }
+    lvl_lo = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)l));
+    lvl_hi = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)(l + 16)));
+    tblb = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)t));
+    for (int j = 0; j < 2; ++j) g[j] = _mm256_loadu_ps(q + 8 * j);
+    k1 = _mm256_set1_ps(p.k1);
+    k0 = _mm256_set1_ps(p.k0);
   }
-  // Selects by bit 3 (and bit 4) of the index, moved into the sign bit for blendv.
+  // Selects by bit 3 of the index, moved into the sign bit for blendv.
   static __m256 Pick16(const __m256* t, __m256i i) {
     const __m256 a = _mm256_permutevar8x32_ps(t[0], i), b = _mm256_permutevar8x32_ps(t[1], i);
     return _mm256_blendv_ps(a, b, _mm256_castsi256_ps(_mm256_slli_epi32(i, 28)));
   }
+  // k < 32, so bytes 1-3 of a lane are 0. vpshufb gives 0 for an index byte with bit 7 set:
+  // byte 0 + 0x70 has it unless k < 16, byte 0 - 16 unless k >= 16, and bytes 1-3 + 0x80
+  // always; the two lookups, or-ed, are lvl[k] in byte 0 and zeros above.
   vi Level(vi k) const {
     const __m256i ki = (__m256i)k;
-    const __m256 lo = Pick16((const __m256*)lv, ki), hi = Pick16((const __m256*)(lv + 2), ki);
-    return (vi)_mm256_castps_si256(
-        _mm256_blendv_ps(lo, hi, _mm256_castsi256_ps(_mm256_slli_epi32(ki, 27))));
+    const __m256i lo =
+        _mm256_shuffle_epi8(lvl_lo, _mm256_add_epi8(ki, _mm256_set1_epi32((int)0x80808070u)));
+    const __m256i hi =
+        _mm256_shuffle_epi8(lvl_hi, _mm256_add_epi8(ki, _mm256_set1_epi32((int)0x808080F0u)));
+    return (vi)_mm256_or_si256(lo, hi);
   }
-  vf Tblf(vi i) const { return (vf)Pick16(tf, (__m256i)i); }
+  // i < 16: byte 0 indexes TBL, bytes 1-3 (0) pick TBL[0] = 0.
+  vf Tblf(vi i) const {
+    return (vf)_mm256_cvtepi32_ps(_mm256_shuffle_epi8(tblb, (__m256i)i));
+  }
   vf Ig24(vi i) const { return (vf)Pick16(g, (__m256i)i); }
-  vf Efr(vi i) const { return (vf)Pick16(r, (__m256i)i); }
+  vf Efr(vi i) const {
+    const vf r = Tblf(i) * (vf)k1;
+    return r + (vf)k0;
+  }
 };
 #endif
 

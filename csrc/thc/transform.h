@@ -16,6 +16,8 @@
 // residual happen in registers inside the transform's own passes over memory.
 #pragma once
 
+#include <type_traits>
+
 #include "internal.h"
 #include "simd.h"
 
@@ -24,10 +26,11 @@ namespace detail {
 namespace THC_ISA {
 namespace {
 
-// Tuning knobs (measured on Zen 4: leaves of 1024..4096 and radix 3 or 4 are within noise;
-// the sweep is kept overridable with -D for other machines).
+// Tuning knobs (measured on Zen 4 with AVX-512: leaves of 1024..4096 and radix 3 or 4 are within
+// noise; AVX2: a leaf of 2048 does the 14 stages between vectors of a 2^20 block in 5 passes
+// after the first instead of 6, and was faster on a Xeon; overridable with -D).
 #ifndef THC_LEAF
-#define THC_LEAF 1024
+#define THC_LEAF (THC_W == 8 ? 2048 : 1024)
 #endif
 #ifndef THC_RADIX16
 #define THC_RADIX16 3
@@ -246,19 +249,51 @@ struct LoadFrom {  // a source that is the buffer itself
   void Flush() const {}
 };
 
+// Floats of each stream the last pass of a pipeline hands its sink in one go (see RadixPassTo).
+constexpr size_t kSinkTile = 64;
+
 // Stages h, 2h, ..., h*2^(S-1) over w[base, base + n), results to sink.
+// A pass into the buffer itself stores each register group's 2^S vectors where they came from.
+// The last pass of a pipeline (any other sink) goes through a small tile in L1 instead: the
+// stages fill kSinkTile floats of each of the 2^S streams, then the sink takes the streams one
+// after another, kSinkTile floats each. So every stream the sink writes (a streaming store of
+// the new residual, the output) gets whole cache lines in a row: with 2^S interleaved streams
+// of half-line (AVX2) stores, the write-combining buffers are flushed half full and every line
+// costs two partial writes to memory. And the sink's constants (its lookup tables are up to 14
+// AVX2 registers) stay in registers through its own loop instead of competing with the 2^S
+// vectors of the stages.
 template <int S, class Sink>
 void RadixPassTo(float* w, size_t base, size_t n, size_t h, Sink sink) {
   const size_t span = h << S;
-  for (size_t b = base; b < base + n; b += span) {
-    const float* p = w + b;
-    for (size_t o = 0; o < h; o += W) {
-      vf r[1 << S];
+  if constexpr (std::is_same_v<Sink, StoreTo>) {
+    for (size_t b = base; b < base + n; b += span) {
+      float* p = w + b;
+      for (size_t o = 0; o < h; o += W) {
+        vf r[1 << S];
 #pragma GCC unroll 16
-      for (int m = 0; m < (1 << S); ++m) std::memcpy(&r[m], p + o + m * h, sizeof(vf));
-      RegisterStages<S>(r);
+        for (int m = 0; m < (1 << S); ++m) std::memcpy(&r[m], p + o + m * h, sizeof(vf));
+        RegisterStages<S>(r);
 #pragma GCC unroll 16
-      for (int m = 0; m < (1 << S); ++m) sink(b + o + m * h, r[m]);
+        for (int m = 0; m < (1 << S); ++m) std::memcpy(p + o + m * h, &r[m], sizeof(vf));
+      }
+    }
+  } else {
+    alignas(64) float tile[1 << S][kSinkTile];
+    const size_t step = h < kSinkTile ? h : kSinkTile;  // h and kSinkTile: powers of two >= W
+    for (size_t b = base; b < base + n; b += span) {
+      const float* p = w + b;
+      for (size_t o = 0; o < h; o += step) {
+        for (size_t q = 0; q < step; q += W) {
+          vf r[1 << S];
+#pragma GCC unroll 16
+          for (int m = 0; m < (1 << S); ++m) std::memcpy(&r[m], p + o + q + m * h, sizeof(vf));
+          RegisterStages<S>(r);
+#pragma GCC unroll 16
+          for (int m = 0; m < (1 << S); ++m) std::memcpy(&tile[m][q], &r[m], sizeof(vf));
+        }
+        for (int m = 0; m < (1 << S); ++m)
+          for (size_t q = 0; q < step; q += W) sink(b + o + m * h + q, LoadF(&tile[m][q]));
+      }
     }
   }
 }
