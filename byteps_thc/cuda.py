@@ -31,7 +31,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 
-from .config import ThcConfig, next_pow2
+from .config import ThcConfig
 
 
 def _extension():
@@ -84,15 +84,16 @@ def device_code(cfg: ThcConfig, fused_max_log: int = 14, column_max_bits: int = 
 
 def _one_block_size(cfg: ThcConfig, size: int) -> ThcConfig:
     """cfg with the core's rotation block for a partition of `size` values (so that the kernels
-    lay it out as the CPU core does), or a ValueError where the core tiles it with a smaller
-    last block: the kernels rotate in blocks of one size."""
+    lay it out as the CPU core does), or a ValueError where the core's default tiling needs a
+    smaller last block: the kernels rotate in blocks of one size."""
     from .reference import geometry
     geo = geometry(cfg, size)
     if geo.tail_block:
         raise ValueError(
             f"thc.cuda: a partition of {size} values is tiled by blocks of {geo.block} and a last "
-            f"block of {geo.tail_block}, which the CUDA kernels do not do yet; use "
-            f"rotation_block={next_pow2(size)} (one block) or the CPU codec for it")
+            f"block of {geo.tail_block}, which the CUDA kernels do not do yet; give a "
+            f"rotation_block (blocks of one size, e.g. {geo.block} pads it to "
+            f"{-(-size // geo.block) * geo.block}) or use the CPU codec for it")
     return dataclasses.replace(cfg, rotation_block=geo.block)
 
 

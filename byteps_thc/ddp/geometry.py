@@ -1,9 +1,15 @@
 """How the THC comm hook lays out one DDP bucket: rotation block, shards, per-bucket seed.
 
-The rotation block is the core's rule (reference.geometry, docs/ALGORITHM.md "Geometry"): a bucket
-of d values is tiled by power-of-two blocks, the largest >= 2^14 that keeps d_pad within 1.05x of
-d, and the rest in one block of its own power-of-two size, so `bucket_block` has nothing to
-choose unless a block is requested. The shards below need only d_pad and the bit width.
+The one rule for the rotation block is `bucket_block`. The codec pads a partition of d values to
+d_pad = ceil(d / B) * B for a power-of-two block B, so the hook picks, per bucket, the largest B
+that keeps d_pad within `PAD_SLACK` (1.05x) of d, preferring blocks of at least `PREFERRED_BLOCK`
+(2^14) and going down to `MIN_BLOCK` (2^10) only when no larger block fits; a bucket that no
+block >= MIN_BLOCK fits (under a few thousand values) is one block, the whole padded bucket.
+
+When the C++ core tiles a partition with blocks of several sizes itself (issue 18), d_pad equals d
+and this function becomes the core's: `bucket_block` then returns None (the core tiles) and
+`padded_size` the core's geometry; the shards below do not change, since they only need d_pad and
+the bit width.
 """
 from __future__ import annotations
 
@@ -12,27 +18,36 @@ import hashlib
 from typing import List, Optional, Sequence, Tuple
 
 from ..config import ThcConfig, next_pow2
-from ..reference import geometry as _core_geometry
-from ..reference import tiled_size
 
+PAD_SLACK = 1.05
+PREFERRED_BLOCK = 1 << 14
+MIN_BLOCK = 1 << 10
 SHARD_ALIGN = 8  # coordinates: 8 indices of b bits are b whole bytes, for every b
 
 
-def bucket_block(d: int, requested: Optional[int] = None) -> Optional[int]:
-    """The rotation block for a bucket of d values: None (the core's default rule tiles it), or
-    `requested` (a ThcConfig's rotation_block) capped at next_pow2(d) as the codec caps it."""
+def bucket_block(d: int, requested: Optional[int] = None) -> int:
+    """The rotation block for a bucket of d values (the hook's one tiling rule).
+
+    `requested` (a ThcConfig's rotation_block) overrides the rule, capped at next_pow2(d) as the
+    codec caps it. Otherwise: the largest power of two B in [PREFERRED_BLOCK, next_pow2(d)] with
+    ceil(d/B)*B <= PAD_SLACK*d; else the largest such B in [MIN_BLOCK, PREFERRED_BLOCK); else
+    MIN_BLOCK, or next_pow2(d) when that is smaller (one block).
+    """
     if not isinstance(d, int) or d < 1:
         raise ValueError(f"bucket size d={d!r} must be a positive integer")
-    if requested is None:
-        return None
-    return min(requested, next_pow2(d))
+    whole = next_pow2(d)
+    if requested is not None:
+        return min(requested, whole)
+    b = whole
+    while b >= MIN_BLOCK:
+        if padded_size(d, b) <= PAD_SLACK * d:
+            return b
+        b //= 2
+    return min(whole, MIN_BLOCK)
 
 
-def padded_size(d: int, block: Optional[int] = None) -> int:
-    """d_pad of a bucket of d values under `block` (None: the core's default rule)."""
-    if block is None:
-        return _core_geometry(ThcConfig(), d).padded
-    return tiled_size(d, block)
+def padded_size(d: int, block: int) -> int:
+    return -(-d // block) * block
 
 
 def shard_bounds(padded: int, num_ranks: int) -> List[Tuple[int, int]]:

@@ -49,11 +49,13 @@ def run_ranks(n, args, out_dir, timeout=240):
 
 
 # -- the rules, as the docs state them -----------------------------------------------------------
-def expected_block(d, requested=None):
-    """The core tiles a bucket itself (None), unless a block is requested (capped at next_pow2)."""
-    if requested is None:
-        return None
-    return min(requested, 1 << max(0, math.ceil(math.log2(d))))
+def expected_block(d):
+    """Largest power of two B >= 2^10 with ceil(d/B)*B <= 1.05 d, else min(2^10, next_pow2(d))."""
+    whole = 1 << max(0, math.ceil(math.log2(d)))
+    for b in (1 << k for k in range(whole.bit_length() - 1, 9, -1)):
+        if math.ceil(d / b) * b <= 1.05 * d:
+            return b
+    return min(whole, 1024)
 
 
 def expected_seed(seed, key):
@@ -62,16 +64,18 @@ def expected_seed(seed, key):
 
 
 def test_block_rule_pads_at_most_five_percent():
-    assert geometry.bucket_block(1_059_850) is None  # the core's rule tiles it
+    assert geometry.bucket_block(1_059_850) == 1 << 15  # 2^21 would double it
+    assert geometry.bucket_block(1 << 20) == 1 << 20
+    assert geometry.bucket_block(5000) == 1024
+    assert geometry.bucket_block(1100) == 1024          # no block >= 2^10 fits: the smallest
+    assert geometry.bucket_block(700) == 1024           # one block
     assert geometry.bucket_block(1000, requested=4096) == 1024
-    assert geometry.bucket_block(1 << 20, requested=1024) == 1024
-    for d in (16385, 20000, 100_003, 327_681, 1_059_850, 3_000_001, 25 * 2 ** 18 + 1):
-        assert geometry.bucket_block(d) is None
-        padded = ThcCodec(ThcConfig(), d).padded  # the codec's own geometry
-        assert padded == geometry.padded_size(d)
-        # blocks of 2^14 leave less than 2^14 of padding, <= 5% from 20 x 2^14 = 327,680 on
-        bound = 1.05 * d if d >= 20 * (1 << 14) else d + (1 << 14)
-        assert d <= padded <= bound, (d, padded)
+    for d in (16385, 20000, 20481, 100_003, 327_681, 1_059_850, 3_000_001, 25 * 2 ** 18 + 1):
+        b = geometry.bucket_block(d)
+        assert b == expected_block(d)
+        cfg = ThcConfig(rotation_block=b)
+        padded = ThcCodec(cfg, d).padded  # the codec's own geometry
+        assert padded <= (1.05 * d if d >= 20 * 1024 else d + 1023), (d, b, padded)
 
 
 @pytest.mark.parametrize("bits", [1, 3, 4, 8])
@@ -131,7 +135,7 @@ def simulate(n, layouts, trace, cfg, dtype, start_iter, min_bytes, state):
             continue
         norms = [reference.norm(xr) for xr in x]
         assert m == pytest.approx(max(norms), rel=1e-6)  # the norm is not bit-exact (contract)
-        c = ThcConfig(**dict(cfg, rotation_block=expected_block(d, cfg.get("rotation_block")),
+        c = ThcConfig(**dict(cfg, rotation_block=expected_block(d),
                              seed=expected_seed(cfg["seed"], key), error_feedback=False))
         step = steps.get(key, 0)
         payloads = [reference.encode(c, x[r], m, r, step)[0] for r in range(n)]

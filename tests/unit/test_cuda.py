@@ -34,6 +34,18 @@ SIZES = [1, 1000, (1 << 20) + 5, BIG]
 
 
 # -- without a GPU: the build ----------------------------------------------------------------------
+def test_tiled_partitions_are_refused_by_name():
+    """The kernels rotate in blocks of one size: a partition that the core's default rule tiles
+    with a smaller last block is refused with the remedy; a one-size layout passes, its block the
+    core's (no GPU needed: this runs before any kernel)."""
+    with pytest.raises(ValueError, match="a partition of 40000 values is tiled by blocks of 32768 "
+                                         "and a last block of 8192.*give a rotation_block"):
+        thc_cuda._one_block_size(ThcConfig(), 40000)
+    assert thc_cuda._one_block_size(ThcConfig(), 1 << 20).rotation_block == 1 << 20
+    assert thc_cuda._one_block_size(ThcConfig(), 1000).rotation_block == 1024
+    assert thc_cuda._one_block_size(ThcConfig(rotation_block=1024), 40000).rotation_block == 1024
+
+
 @needs_ext
 def test_extension_imports_without_device():
     k = _C.cuda
