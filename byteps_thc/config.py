@@ -18,9 +18,9 @@ from .tables import _check, clip_threshold, expected_error, solve_table
 
 _LANE_MAX = {8: 0xFF, 16: 0xFFFF, 32: 0xFFFFFFFF}
 
-# The tiling of a partition by rotation blocks (reference.geometry; csrc/thc/config.cc mirrors
-# these): blocks of B, then the remainder in one block of its own power-of-two size; the default
-# B keeps d_pad within AUTO_PAD_NUM / AUTO_PAD_DEN of d with blocks of at least AUTO_MIN_BLOCK.
+# The default tiling of a partition by rotation blocks (reference.geometry; csrc/thc/config.cc
+# mirrors these): blocks of B, then the remainder in one block of its own power-of-two size; B
+# keeps d_pad within AUTO_PAD_NUM / AUTO_PAD_DEN of d with blocks of at least AUTO_MIN_BLOCK.
 AUTO_MIN_BLOCK = 1 << 14
 AUTO_PAD_NUM, AUTO_PAD_DEN = 21, 20
 TILE_ALIGN = 32  # coordinates: a block below this is not tiled (sign words, whole payload bytes)
@@ -40,10 +40,11 @@ class ThcConfig:
                     workers needs n*g to fit its lane (8 bits up to 255, 16 up to 65535, 32 beyond).
     overflow_prob:  p, two-sided probability mass clipped: T = Phi^-1(1 - p/2).
     seed:           shared by all workers; drives the rotation signs (nothing is sent).
-    rotation_block: the largest Hadamard block, a power of two; a partition of d values is d // B
-                    blocks of B, then the rest in one block of its own power-of-two size.
-                    None (the default): B per partition, the largest >= 2^14 that keeps the
-                    padding within 5% (reference.auto_block); 2^32 or more: one block.
+    rotation_block: Hadamard block, a power of two: blocks of B, the last one padded (B larger
+                    than the partition: one block). None (the default): tiled per partition,
+                    d // B blocks of the largest B >= 2^14 that keeps the padding within 5%,
+                    then the rest in one block of its own power-of-two size
+                    (reference.auto_block; docs/ALGORITHM.md, "Geometry").
     error_feedback: keep each worker's quantisation residual and add it to the next step.
 
     Tuning: the defaults (4, 30, 1/32) are the paper's. `ThcConfig.for_workers(n)` picks the

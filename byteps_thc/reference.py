@@ -98,8 +98,8 @@ def fwht_tiled(v: np.ndarray, geo) -> np.ndarray:
 class Geometry:
     """A partition of d values tiled by rotation blocks (docs/ALGORITHM.md, "Geometry"):
     floor(d / block) blocks of `block`, then, when d is not a multiple of it, one last block of
-    `tail_block` (the remainder rounded up to a power of two, < block) or one more of `block`
-    (tail_block 0). padded = d_pad, the coordinates that are encoded and summed."""
+    `tail_block` (the default block only: the remainder rounded up to a power of two, < block)
+    or one more of `block` (tail_block 0). padded = d_pad, the coordinates encoded and summed."""
     d: int
     block: int
     padded: int
@@ -155,9 +155,12 @@ def geometry(cfg: ThcConfig, d: int) -> Geometry:
     if not isinstance(d, (int, np.integer)) or d < 1:
         raise ValueError(f"size={d!r}: a partition needs at least one element")
     d = int(d)
-    whole = next_pow2(d)
-    block = min(cfg.rotation_block, whole) if cfg.rotation_block else auto_block(d)
-    padded, tail = _tile(d, block)
+    if cfg.rotation_block:  # blocks of one size, the last one padded (what the CUDA kernels do)
+        block = min(cfg.rotation_block, next_pow2(d))
+        padded, tail = -(-d // block) * block, 0
+    else:
+        block = auto_block(d)
+        padded, tail = _tile(d, block)
     return Geometry(d, block, padded, -(-padded * cfg.bits // 8), tail)
 
 

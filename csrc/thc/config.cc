@@ -105,11 +105,16 @@ Geometry MakeGeometry(const Config& cfg, size_t d) {
   g.d = d;
   const uint64_t n = d == 0 ? 1 : d;
   const uint64_t full = NextPow2(n);
-  uint64_t b = cfg.rotation_block == 0 ? AutoBlock(n) : cfg.rotation_block;
-  if (b > full) b = full;
-  g.block = (size_t)b;
   uint64_t tail = 0;
-  g.padded = d == 0 ? 0 : (size_t)TiledSize(d, b, &tail);
+  if (cfg.rotation_block == 0) {  // the default: tiled
+    const uint64_t b = AutoBlock(n);
+    g.block = (size_t)b;
+    g.padded = d == 0 ? 0 : (size_t)TiledSize(d, b, &tail);
+  } else {  // blocks of one size, the last one padded (what the CUDA kernels do)
+    const uint64_t b = cfg.rotation_block < full ? cfg.rotation_block : full;
+    g.block = (size_t)b;
+    g.padded = d == 0 ? 0 : (d + g.block - 1) / g.block * g.block;
+  }
   g.tail_block = (size_t)tail;
   g.payload_bytes = (g.padded * (size_t)cfg.bits + 7) / 8;
   return g;

@@ -39,7 +39,7 @@ struct Config {
   uint32_t granularity = 30;       // g: table values in [0, g]; 2^b - 1 <= g <= kMaxGranularity
   double clip = 2.1538746940614564;  // T = Phi^-1(1 - p/2); p = 1/32 by default
   uint64_t seed = 42;
-  uint64_t rotation_block = 0;     // the largest block, a power of two; 0 = AutoBlock(d)
+  uint64_t rotation_block = 0;     // power of two (blocks of one size); 0 = tiled by AutoBlock(d)
   std::vector<uint32_t> table;     // 2^bits levels, 0 .. g, strictly increasing
 };
 
@@ -52,7 +52,8 @@ constexpr uint64_t kAutoPadNum = 21, kAutoPadDen = 20;  // d_pad <= 1.05 d
 constexpr uint64_t kTileAlign = 32;  // a smaller block is not tiled (sign words, payload bytes)
 
 // Geometry of one partition of d elements: (padded - tail_block) / block blocks of B, then one
-// block of tail_block (0: none). Every block starts at a multiple of 32 coordinates, or at 0.
+// block of tail_block (0: none; always 0 for a given rotation_block). Every block starts at a
+// multiple of 32 coordinates, or at 0.
 struct Geometry {
   size_t d = 0;          // elements in
   size_t block = 0;      // B (power of two)

@@ -48,17 +48,18 @@ def test_geometry():
     c = ThcConfig()
     assert R.geometry(c, 1) == R.Geometry(1, 1, 1, 1)
     assert R.geometry(c, 1000).padded == 1024
-    c2 = ThcConfig(rotation_block=1024)
-    g = R.geometry(c2, (1 << 20) + 5)  # 1024 blocks of 1024, then the 5 in a block of 8
+    c2 = ThcConfig(rotation_block=1024)  # a given block: blocks of one size, the last padded
+    g = R.geometry(c2, (1 << 20) + 5)
     assert (g.block, g.padded, g.payload_bytes, g.tail_block) == \
-        (1024, (1 << 20) + 8, ((1 << 20) + 8) // 2, 8)
-    assert g.segments() == [(0, 1 << 20, 1024), (1 << 20, 8, 8)]
-    g = R.geometry(c2, 1024 + 600)  # the rest rounds up to the block itself: no smaller block
-    assert (g.padded, g.tail_block, g.segments()) == (2048, 0, [(0, 2048, 1024)])
-    g = R.geometry(ThcConfig(rotation_block=16), 1000)  # blocks below 32 are not tiled
-    assert (g.padded, g.tail_block) == (1008, 0)
+        (1024, (1 << 20) + 1024, ((1 << 20) + 1024) // 2, 0)
     g = R.geometry(ThcConfig(rotation_block=1 << 32), 589824)  # one block
     assert (g.block, g.padded, g.tail_block) == (1 << 20, 1 << 20, 0)
+    g = R.geometry(c, (1 << 20) + 5)  # the default: 2^20, then the 5 in a block of 8
+    assert (g.block, g.padded, g.payload_bytes, g.tail_block) == \
+        (1 << 20, (1 << 20) + 8, ((1 << 20) + 8) // 2, 8)
+    assert g.segments() == [(0, 1 << 20, 1 << 20), (1 << 20, 8, 8)]
+    assert R.tiled_size(1024 + 600, 1024) == 2048  # the rest rounds up to the block itself
+    assert R.tiled_size(1000, 16) == 1008  # blocks below 32 are not tiled
 
 
 def _tiling_by_hand(d, block):
@@ -231,11 +232,11 @@ def test_error_feedback_carries_the_error():
     np.testing.assert_allclose(own + R.unrotate_residual(cfg, res, 500), x, atol=1e-5)
 
 
-@pytest.mark.parametrize("block,d", [(None, 1000), (64, 1000), (64, 1100)])
+@pytest.mark.parametrize("block,d", [(None, 1000), (64, 1000), (None, 20000)])
 def test_error_feedback_telescopes_over_steps(block, d):
     """What error feedback promises: after T steps, everything sent plus the state equals
     everything given, sum_t decode(own_t) + residual_T = sum_t x_t (the rotated state unrotated;
-    padding included: d = 1000 is not a multiple of the block; 1100 = 17 x 64 + a block of 16);
+    padding included: d = 1000 is not a multiple of the block; 20000 = 2^14 + a block of 2^12);
     and the norm with a state is
     ||x + textbook residual||, the residual of the padding coordinates included."""
     cfg = ThcConfig(rotation_block=block)
