@@ -18,6 +18,18 @@ from .tables import _check, clip_threshold, expected_error, solve_table
 
 _LANE_MAX = {8: 0xFF, 16: 0xFFFF, 32: 0xFFFFFFFF}
 
+# The default tiling of a partition by rotation blocks (reference.geometry; csrc/thc/config.cc
+# mirrors these): blocks of B, then the remainder in one block of its own power-of-two size; B
+# keeps d_pad within AUTO_PAD_NUM / AUTO_PAD_DEN of d with blocks of at least AUTO_MIN_BLOCK.
+AUTO_MIN_BLOCK = 1 << 14
+AUTO_PAD_NUM, AUTO_PAD_DEN = 21, 20
+TILE_ALIGN = 32  # coordinates: a block below this is not tiled (sign words, whole payload bytes)
+# The name of that rule on the wire: workers and the server must tile alike (to_kwargs).
+TILING = "pow2-tail"
+# The way down: the server publishes the sums packed in ceil(log2(n*g + 1)) bits each
+# (reference.publish); the name of that format on the wire.
+SUMS = "packed"
+
 
 @dataclasses.dataclass(frozen=True)
 class ThcConfig:
@@ -28,7 +40,11 @@ class ThcConfig:
                     workers needs n*g to fit its lane (8 bits up to 255, 16 up to 65535, 32 beyond).
     overflow_prob:  p, two-sided probability mass clipped: T = Phi^-1(1 - p/2).
     seed:           shared by all workers; drives the rotation signs (nothing is sent).
-    rotation_block: Hadamard block, a power of two; None = the whole (padded) partition.
+    rotation_block: Hadamard block, a power of two: blocks of B, the last one padded (B larger
+                    than the partition: one block). None (the default): tiled per partition,
+                    d // B blocks of the largest B >= 2^14 that keeps the padding within 5%,
+                    then the rest in one block of its own power-of-two size
+                    (reference.auto_block; docs/ALGORITHM.md, "Geometry").
     error_feedback: keep each worker's quantisation residual and add it to the next step.
 
     Tuning: the defaults (4, 30, 1/32) are the paper's. `ThcConfig.for_workers(n)` picks the
@@ -50,7 +66,7 @@ class ThcConfig:
         rb = self.rotation_block
         if rb is not None and (not isinstance(rb, int) or rb < 1 or rb & (rb - 1)):
             raise ValueError(f"rotation_block={rb!r} must be a power of two (e.g. 1024) or None "
-                             "for the whole partition")
+                             "for the default per partition")
         if not isinstance(self.error_feedback, bool):
             raise ValueError(f"error_feedback={self.error_feedback!r} must be True or False")
 
@@ -78,6 +94,11 @@ class ThcConfig:
                 return bits
         raise ValueError(f"{num_workers} workers x granularity {self.granularity} = {need} "
                          "overflows a 32-bit sum: lower the granularity")
+
+    def sum_bits(self, num_workers: int) -> int:
+        """Bits of one sum on the way down: ceil(log2(n*g + 1)), the width of n*g."""
+        self.lane_bits(num_workers)  # raises for a bad n, or n*g beyond 32 bits
+        return (num_workers * self.granularity).bit_length()
 
     def expected_error(self) -> dict:
         """Per-coordinate error (z units, one worker, no EF): rounding + clipping (spec §2)."""
@@ -124,7 +145,7 @@ class ThcConfig:
             if isinstance(value, bool):
                 text = "1" if value else "0"
             elif value is None:
-                text = "0"  # rotation_block: 0 reads back as None, the whole partition
+                text = "0"  # rotation_block: 0 reads back as None, the default per partition
             else:
                 text = repr(value)  # int as is; float round-trips exactly
             out[setting.name] = text
@@ -144,6 +165,8 @@ class ThcConfig:
             "thc_clip": repr(self.clip),
             "thc_seed": str(self.seed),
             "thc_rotation_block": str(self.rotation_block or 0),
+            "thc_tiling": TILING,
+            "thc_sums": SUMS,
             "thc_table": ",".join(str(v) for v in self.table),
             "thc_error_feedback": "1" if self.error_feedback else "0",
         }
@@ -152,6 +175,14 @@ class ThcConfig:
     def from_kwargs(cls, kwargs: Mapping[str, str]) -> "ThcConfig":
         if kwargs.get("compressor_type") != "thc":
             raise ValueError(f"compressor_type={kwargs.get('compressor_type')!r} is not 'thc'")
+        tiling = kwargs.get("thc_tiling", TILING)
+        if tiling != TILING:
+            raise ValueError(f"thc_tiling={tiling!r}: this build tiles partitions as {TILING!r}; "
+                             "every worker and the server must run the same byteps-thc")
+        sums = kwargs.get("thc_sums", SUMS)
+        if sums != SUMS:
+            raise ValueError(f"thc_sums={sums!r}: this build publishes the sums as {SUMS!r}; "
+                             "every worker and the server must run the same byteps-thc")
         rb = int(kwargs.get("thc_rotation_block", "0"))
         return cls(bits=int(kwargs["thc_bits"]), granularity=int(kwargs["thc_granularity"]),
                    overflow_prob=float(kwargs["thc_overflow_prob"]), seed=int(kwargs["thc_seed"]),
@@ -169,7 +200,7 @@ class ThcConfig:
         err = self.expected_error()["total"]
         return (f"THC bits={self.bits} granularity={self.granularity} "
                 f"overflow_prob={self.overflow_prob:.3g} (T={self.clip:.4f}) seed={self.seed} "
-                f"rotation_block={self.rotation_block or 'partition'} "
+                f"rotation_block={self.rotation_block or 'auto'} "
                 f"error_feedback={'on' if self.error_feedback else 'off'}; "
                 f"table={list(self.table)}; expected error/coordinate={err:.4f}")
 

@@ -28,6 +28,7 @@ norm launch of the same tensor on the same status word, an overflow leaves the s
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 from .config import ThcConfig
@@ -79,6 +80,21 @@ def device_code(cfg: ThcConfig, fused_max_log: int = 14, column_max_bits: int = 
     k = _require()
     return k.code_from_config(_extension().core_config(cfg), fused_max_log, column_max_bits,
                               chunk_log)
+
+
+def _one_block_size(cfg: ThcConfig, size: int) -> ThcConfig:
+    """cfg with the core's rotation block for a partition of `size` values (so that the kernels
+    lay it out as the CPU core does), or a ValueError where the core's default tiling needs a
+    smaller last block: the kernels rotate in blocks of one size."""
+    from .reference import geometry
+    geo = geometry(cfg, size)
+    if geo.tail_block:
+        raise ValueError(
+            f"thc.cuda: a partition of {size} values is tiled by blocks of {geo.block} and a last "
+            f"block of {geo.tail_block}, which the CUDA kernels do not do yet; give a "
+            f"rotation_block (blocks of one size, e.g. {geo.block} pads it to "
+            f"{-(-size // geo.block) * geo.block}) or use the CPU codec for it")
+    return dataclasses.replace(cfg, rotation_block=geo.block)
 
 
 def _dtype_code(dtype) -> int:
@@ -155,7 +171,8 @@ class CudaCodec:
         if self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
         self._k = k
-        self._code = device_code(cfg, fused_max_log, column_max_bits, chunk_log)
+        self._code = device_code(_one_block_size(cfg, size), fused_max_log, column_max_bits,
+                                 chunk_log)
         _, self.block, self.padded, self.payload_bytes = k.geometry(self._code, size)
         with torch.cuda.device(self.device):
             f32 = dict(dtype=torch.float32, device=self.device)
@@ -290,7 +307,7 @@ def aggregate(cfg: ThcConfig, payloads, size: int, num_workers: int, out=None,
     tensor of d_pad). payloads: a 2-D uint8 CUDA tensor [count, payload_bytes] (rows may be
     strided) or a list of 1-D ones. accumulate=True adds to `out`."""
     torch, k = _torch(), _require()
-    code = device_code(cfg)
+    code = device_code(_one_block_size(cfg, size))
     _, _, padded, nbytes = k.geometry(code, size)
     lane_bits = k.lane_bits(code, num_workers)
     if lane_bits == 0:
@@ -329,7 +346,7 @@ class CudaAggregator:
     def __init__(self, cfg: ThcConfig, size: int, num_workers: int, device=None):
         torch, k = _torch(), _require()
         self.config, self.size, self.num_workers = cfg, size, num_workers
-        code = device_code(cfg)
+        code = device_code(_one_block_size(cfg, size))
         _, _, self.padded, self.payload_bytes = k.geometry(code, size)
         self.lane_bits = k.lane_bits(code, num_workers)
         if self.lane_bits == 0:

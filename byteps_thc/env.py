@@ -154,7 +154,8 @@ THC_OVERFLOW_PROB = Setting("BYTEPS_THC_OVERFLOW_PROB", None, parse_probability,
 THC_SEED = Setting("BYTEPS_THC_SEED", None, parse_nonnegative_int,
                    "rotation seed, the same on every worker")
 THC_ROTATION_BLOCK = Setting("BYTEPS_THC_ROTATION_BLOCK", None, parse_optional_int,
-                             "Hadamard block, a power of two (0 = the whole partition)")
+                             "Hadamard block, a power of two (0: tiled per partition, "
+                             "<= 5% padding)")
 THC_ERROR_FEEDBACK = Setting("BYTEPS_THC_ERROR_FEEDBACK", None, parse_bool,
                              "1 | 0: THC's error feedback")
 THC_NONFINITE = Setting("BYTEPS_THC_NONFINITE", "propagate", parse_choice("propagate", "error"),

@@ -5,8 +5,8 @@
 2. Bytes per partition, up (worker -> server) and down (server -> worker) (`wire_bytes`):
    - none: 32 bits a coordinate each way; fp16: 16 each way (a cast in the framework, summed in
      fp16 by the server);
-   - thc: b bits up (the partition padded to its rotation block) and the integer sums down, in a
-     lane of 8/16/32 bits wide enough for n*g: the server adds table values, nothing else;
+   - thc: b bits up (the partition tiled by its rotation blocks) and the integer sums down,
+     packed in ceil(log2(n*g + 1)) bits each: the server adds table values, nothing else;
    - onebit/topk/randomk/dithering (BytePS's registry compressors): the server decompresses every
      push, sums floats and recompresses the sum, so the way down is compressed by the same
      compressor: onebit 1 bit + a scale, topk/randomk k (index, value) pairs of 4+4 bytes,
@@ -21,7 +21,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from .. import env
-from ..config import ThcConfig, next_pow2
+from ..config import ThcConfig
+from ..reference import geometry
 
 REGISTRY_COMPRESSORS = ("onebit", "topk", "randomk", "dithering")
 KNOWN = ("none", "fp16", "thc") + REGISTRY_COMPRESSORS
@@ -132,11 +133,9 @@ def dithering_bits_per_element(levels: int) -> float:
 
 
 def thc_padded(spec: CompressorSpec, elems: int) -> int:
-    """Coordinates THC encodes for a partition of `elems`: padded to its rotation block (the
-    partition's next power of two by default); the codec's work and bytes follow this length."""
-    block = spec.thc_config().rotation_block
-    p2 = next_pow2(elems)
-    return p2 if not block else math.ceil(elems / min(block, p2)) * min(block, p2)
+    """Coordinates THC encodes for a partition of `elems`: its tiling by rotation blocks (the
+    codec's geometry); the codec's work and bytes follow this length."""
+    return geometry(spec.thc_config(), elems).padded
 
 
 def wire_bytes(spec: CompressorSpec, elems: int, compressed: bool, workers: int,
@@ -150,7 +149,7 @@ def wire_bytes(spec: CompressorSpec, elems: int, compressed: bool, workers: int,
         cfg = spec.thc_config()
         pad = thc_padded(spec, elems)
         up = math.ceil(pad * cfg.bits / 8)
-        down = pad * cfg.lane_bits(workers) / 8
+        down = math.ceil(pad * cfg.sum_bits(workers) / 8)
         return float(up), float(down)
     if spec.name == "onebit":
         b = math.ceil(elems / 32) * 4 + 4

@@ -6,10 +6,11 @@ that keeps d_pad within `PAD_SLACK` (1.05x) of d, preferring blocks of at least 
 (2^14) and going down to `MIN_BLOCK` (2^10) only when no larger block fits; a bucket that no
 block >= MIN_BLOCK fits (under a few thousand values) is one block, the whole padded bucket.
 
-When the C++ core tiles a partition with blocks of several sizes itself (issue 18), d_pad equals d
-and this function becomes the core's: `bucket_block` then returns None (the core tiles) and
-`padded_size` the core's geometry; the shards below do not change, since they only need d_pad and
-the bit width.
+The C++ core tiles a partition with blocks of two sizes itself when no block is requested
+(docs/ALGORITHM.md, "Geometry"), but the CUDA kernels rotate in blocks of one size, so the hook
+keeps requesting its one-size block, which both lay out alike. Once the CUDA kernels tile,
+`bucket_block` returns None (the core's rule) and `padded_size` the core's geometry; the shards
+below do not change, since they only need d_pad and the bit width.
 """
 from __future__ import annotations
 

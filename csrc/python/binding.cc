@@ -123,6 +123,7 @@ py::dict GeometryDict(const thc::Geometry& g) {
   r["block"] = g.block;
   r["padded"] = g.padded;
   r["payload_bytes"] = g.payload_bytes;
+  r["tail_block"] = g.tail_block;
   return r;
 }
 
@@ -262,6 +263,65 @@ py::array_t<float> DecodePy(const thc::Config& cfg, size_t d, const py::handle& 
   return out;
 }
 
+int SumBitsChecked(const thc::Config& cfg, uint32_t num_workers) {
+  CheckConfig(cfg);
+  if (num_workers == 0) Fail("num_workers must be >= 1, got 0");
+  const int w = thc::SumBits(cfg, num_workers);
+  if (w == 0) Fail("num_workers * granularity overflows a 32-bit sum");
+  return w;
+}
+
+// The server's reply: the aggregator's lanes packed in SumBits(cfg, n) bits each.
+py::array_t<uint8_t> PublishPy(const thc::Config& cfg, uint32_t num_workers,
+                               const py::handle& sums) {
+  const int w = SumBitsChecked(cfg, num_workers);
+  if (!py::isinstance<py::array>(sums)) Fail("sums must be a NumPy array");
+  py::array a = py::reinterpret_borrow<py::array>(sums);
+  int lane = 0;
+  if (a.dtype().is(py::dtype::of<uint8_t>())) lane = 8;
+  else if (a.dtype().is(py::dtype::of<uint16_t>())) lane = 16;
+  else if (a.dtype().is(py::dtype::of<uint32_t>())) lane = 32;
+  else Fail("sums must have dtype uint8, uint16 or uint32, got " + std::string(py::str(a.dtype())));
+  if (a.ndim() != 1 || !(a.flags() & py::array::c_style)) Fail("sums must be 1-D and contiguous");
+  if (lane < w) {
+    std::ostringstream m;
+    m << "sums have " << lane << "-bit lanes, narrower than the " << w << " bits they need";
+    Fail(m.str());
+  }
+  const size_t n = (size_t)a.size();
+  py::array_t<uint8_t> out(thc::PackedSumsBytes(n, w));
+  {
+    py::gil_scoped_release nogil;
+    thc::PackSums(a.data(), lane, n, w, out.mutable_data());
+  }
+  return out;
+}
+
+py::array_t<float> DecodePublishedPy(const thc::Config& cfg, size_t d, const py::handle& packed,
+                                     uint32_t num_workers, double max_norm, bool total) {
+  CheckSize(d);
+  CheckMaxNorm(max_norm);
+  const int w = SumBitsChecked(cfg, num_workers);
+  auto a = Vector<uint8_t>(packed, "packed");
+  const thc::Geometry geo = thc::MakeGeometry(cfg, d);
+  const size_t want = thc::PackedSumsBytes(geo.padded, w);
+  if ((size_t)a.size() != want) {
+    std::ostringstream m;
+    m << "packed sums of " << a.size() << " bytes, expected " << want << " (" << geo.padded
+      << " sums of " << w << " bits)";
+    Fail(m.str());
+  }
+  py::array_t<float> out(d);
+  thc::Status st;
+  {
+    py::gil_scoped_release nogil;
+    st = thc::DecodePacked(cfg, d, a.data(), (size_t)a.size(), w, num_workers, max_norm,
+                           out.mutable_data(), total);
+  }
+  if (st != thc::Status::kOk) FailStatus("decode", st);
+  return out;
+}
+
 py::array_t<float> FwhtPy(const py::handle& x, size_t block) {
   auto a = Vector<float>(x, "x");
   const size_t n = (size_t)a.size();
@@ -379,6 +439,10 @@ PYBIND11_MODULE(_C, m) {
 
   m.def("decode", &DecodePy, py::arg("cfg"), py::arg("d"), py::arg("sums"),
         py::arg("num_workers"), py::arg("max_norm"), py::arg("out") = py::none());
+  m.def("sum_bits", &SumBitsChecked, py::arg("cfg"), py::arg("num_workers"));
+  m.def("publish", &PublishPy, py::arg("cfg"), py::arg("num_workers"), py::arg("sums"));
+  m.def("decode_published", &DecodePublishedPy, py::arg("cfg"), py::arg("d"),
+        py::arg("packed"), py::arg("num_workers"), py::arg("max_norm"), py::arg("total") = false);
   m.def("active_isa", &thc::ActiveIsa);
   m.def(
       "force_isa",

@@ -45,7 +45,7 @@ std::string Validate(const Config& cfg) {
     return m.str();
   }
   if (cfg.rotation_block != 0 && !IsPow2(cfg.rotation_block)) {
-    m << "rotation_block must be 0 or a power of two, got " << cfg.rotation_block;
+    m << "rotation_block must be 0 (the default per partition) or a power of two, got " << cfg.rotation_block;
     return m.str();
   }
   if (cfg.rotation_block > kMaxRotationBlock) {
@@ -75,14 +75,47 @@ std::string Validate(const Config& cfg) {
   return std::string();
 }
 
+uint64_t TiledSize(uint64_t d, uint64_t block, uint64_t* tail) {
+  *tail = 0;
+  const uint64_t full = d / block, rest = d % block;
+  if (rest == 0) return full * block;
+  const uint64_t last = NextPow2(rest);
+  if (last >= block || block < kTileAlign) return (full + 1) * block;
+  *tail = last;
+  return full * block + last;
+}
+
+uint64_t AutoBlock(uint64_t d) {
+  const uint64_t whole = NextPow2(d == 0 ? 1 : d);
+  if (whole <= kAutoMinBlock) return whole;
+  uint64_t best = whole, best_size = whole, tail;
+  for (uint64_t b = whole; b >= kAutoMinBlock; b >>= 1) {
+    const uint64_t size = TiledSize(d, b, &tail);
+    if (size * kAutoPadDen <= d * kAutoPadNum) return b;
+    if (size < best_size) {
+      best = b;
+      best_size = size;
+    }
+  }
+  return best;
+}
+
 Geometry MakeGeometry(const Config& cfg, size_t d) {
   Geometry g;
   g.d = d;
-  const uint64_t full = NextPow2(d == 0 ? 1 : d);
-  uint64_t b = cfg.rotation_block == 0 ? full : cfg.rotation_block;
-  if (b > full) b = full;
-  g.block = (size_t)b;
-  g.padded = d == 0 ? 0 : (d + g.block - 1) / g.block * g.block;
+  const uint64_t n = d == 0 ? 1 : d;
+  const uint64_t full = NextPow2(n);
+  uint64_t tail = 0;
+  if (cfg.rotation_block == 0) {  // the default: tiled
+    const uint64_t b = AutoBlock(n);
+    g.block = (size_t)b;
+    g.padded = d == 0 ? 0 : (size_t)TiledSize(d, b, &tail);
+  } else {  // blocks of one size, the last one padded (what the CUDA kernels do)
+    const uint64_t b = cfg.rotation_block < full ? cfg.rotation_block : full;
+    g.block = (size_t)b;
+    g.padded = d == 0 ? 0 : (d + g.block - 1) / g.block * g.block;
+  }
+  g.tail_block = (size_t)tail;
   g.payload_bytes = (g.padded * (size_t)cfg.bits + 7) / 8;
   return g;
 }

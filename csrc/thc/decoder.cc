@@ -1,4 +1,5 @@
-// byteps-thc codec core: the decoder (docs/ALGORITHM.md, "Decode").
+// byteps-thc codec core: the decoder (docs/ALGORITHM.md, "Decode"), from lanes of sums or from
+// the server's packed reply (sums.cc).
 //
 // Chunks of whole blocks: sums -> z, transform, sign. The transform runs in a per-thread,
 // cache-line aligned scratch buffer (the caller's output may be misaligned for vector loads, and
@@ -13,6 +14,42 @@
 
 namespace thc {
 
+namespace {
+
+// The decode of d values whose chunk of sums [j0, j0 + n) `lanes_at(j0, n)` gives, as lanes of
+// lane_bits (decode_chunk's input).
+template <class LanesAt>
+void DecodeRuns(const Config& cfg, const Geometry& geo, int lane_bits, uint32_t num_workers,
+                double max_norm, bool total, float* out, LanesAt lanes_at) {
+  const detail::Kernels& k = detail::ActiveKernels();
+  const size_t d = geo.d;
+  const double T = cfg.clip, g = cfg.granularity, M = max_norm;
+  const double sd = std::sqrt((double)geo.padded);
+  const uint32_t key = SignKey(cfg.seed);
+  const size_t chunk = std::max(geo.block, detail::kChunk);
+  thread_local detail::AlignedArray<float> scratch;
+  if (scratch.size() < std::min(chunk, geo.padded)) scratch.resize(std::min(chunk, geo.padded));
+  detail::Run runs[2];
+  const int nruns = detail::Runs(geo.padded, geo.block, geo.tail_block, runs);
+  for (int r = 0; r < nruns; ++r) {
+    const detail::Run& run = runs[r];
+    const double sb = std::sqrt((double)run.block);  // each run scales by its own block
+    const double n = num_workers;  // total: the sum's estimate, n folded into the scale
+    const float m1 = total ? (float)(2.0 * T / g * M / sd / sb)
+                           : (float)(2.0 * T / g / n * M / sd / sb);
+    const float m0 = total ? (float)(-T * n * M / sd / sb) : (float)(-T * M / sd / sb);
+    for (size_t j0 = run.start; j0 < run.end; j0 += chunk) {
+      const size_t n = std::min(chunk, run.end - j0);
+      const size_t nvalid = j0 < d ? std::min(n, d - j0) : 0;
+      if (nvalid == 0) break;
+      k.decode_chunk(lanes_at(j0, n), lane_bits, nvalid, n, j0, run.block, key, m1, m0,
+                     scratch.data(), out + j0);
+    }
+  }
+}
+
+}  // namespace
+
 Status Decode(const Config& cfg, size_t d, const void* sums, int lane_bits, uint32_t num_workers,
               double max_norm, float* out) {
   if (!std::isfinite(max_norm)) return Status::kNonFinite;
@@ -24,23 +61,39 @@ Status Decode(const Config& cfg, size_t d, const void* sums, int lane_bits, uint
     return Status::kOk;
   }
   const Geometry geo = MakeGeometry(cfg, d);
-  const detail::Kernels& k = detail::ActiveKernels();
-  const double T = cfg.clip, g = cfg.granularity, M = max_norm;
-  const double sd = std::sqrt((double)geo.padded), sb = std::sqrt((double)geo.block);
-  const float m1 = (float)(2.0 * T / g / (double)num_workers * M / sd / sb);
-  const float m0 = (float)(-T * M / sd / sb);
-  const uint32_t key = SignKey(cfg.seed);
+  const size_t lane_bytes = (size_t)lane_bits / 8;
+  DecodeRuns(cfg, geo, lane_bits, num_workers, max_norm, false, out, [&](size_t j0, size_t) {
+    return static_cast<const uint8_t*>(sums) + j0 * lane_bytes;
+  });
+  return Status::kOk;
+}
+
+// The unpack runs chunk by chunk into a small buffer of lanes that decode_chunk then reads from
+// cache. (Fusing it into decode_chunk's load would save that buffer's round trip through L1.)
+Status DecodePacked(const Config& cfg, size_t d, const uint8_t* packed, size_t bytes,
+                    int sum_bits, uint32_t num_workers, double max_norm, float* out, bool total) {
+  if (!std::isfinite(max_norm)) return Status::kNonFinite;
+  const int lane_bits = LaneBits(cfg, num_workers);
+  if (max_norm < 0 || num_workers == 0 || lane_bits == 0 ||
+      sum_bits != SumBits(cfg, num_workers))
+    return Status::kBadArgument;
+  const Geometry geo = MakeGeometry(cfg, d);
+  if (bytes != PackedSumsBytes(geo.padded, sum_bits)) return Status::kBadArgument;
+  if (max_norm == 0) {
+    std::fill(out, out + d, 0.0f);
+    return Status::kOk;
+  }
   const size_t chunk = std::max(geo.block, detail::kChunk);
   const size_t lane_bytes = (size_t)lane_bits / 8;
-  thread_local detail::AlignedArray<float> scratch;
-  if (scratch.size() < std::min(chunk, geo.padded)) scratch.resize(std::min(chunk, geo.padded));
-  for (size_t j0 = 0; j0 < geo.padded; j0 += chunk) {
-    const size_t n = std::min(chunk, geo.padded - j0);
-    const size_t nvalid = j0 < d ? std::min(n, d - j0) : 0;
-    if (nvalid == 0) break;
-    k.decode_chunk(static_cast<const uint8_t*>(sums) + j0 * lane_bytes, lane_bits, nvalid, n, j0,
-                   geo.block, key, m1, m0, scratch.data(), out + j0);
-  }
+  thread_local detail::AlignedArray<uint8_t> lanes;
+  if (lanes.size() < std::min(chunk, geo.padded) * lane_bytes)
+    lanes.resize(std::min(chunk, geo.padded) * lane_bytes);
+  DecodeRuns(cfg, geo, lane_bits, num_workers, max_norm, total, out, [&](size_t j0, size_t n) {
+    // j0 is a multiple of 8 (of 32, or 0), so its sums start on a byte
+    const size_t at = j0 * (size_t)sum_bits / 8;
+    UnpackSums(packed + at, bytes - at, sum_bits, n, lane_bits, lanes.data());
+    return static_cast<const uint8_t*>(lanes.data());
+  });
   return Status::kOk;
 }
 

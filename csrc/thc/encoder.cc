@@ -48,7 +48,9 @@ struct Encoder::Impl {
   // y for the whole partition into scratch (sum of y^2 into *sumsq): a Status.
   Status Rotate(const float* grad, double* sumsq);
   std::vector<int32_t> lvl, tbl;
-  std::vector<float> tblf, ig, ig24, efr;
+  std::vector<float> tblf, ig, ig24, efr[2];  // efr: per run (its block scales the error)
+  detail::Run runs[2];
+  int nruns = 0;
 };
 
 namespace {
@@ -81,6 +83,7 @@ Encoder::Encoder(const Config& cfg, size_t d, uint32_t rank, bool error_feedback
   m.sign_key = SignKey(cfg.seed);
   m.chunk = std::max(m.geo.block, detail::kChunk);
   m.chunk = std::min(m.chunk, std::max(m.geo.padded, m.geo.block));
+  m.nruns = detail::Runs(m.geo.padded, m.geo.block, m.geo.tail_block, m.runs);
   if (m.ef) {
     m.res.resize(m.geo.padded);
     m.scratch.resize(m.geo.padded);
@@ -96,7 +99,8 @@ Encoder::Encoder(const Config& cfg, size_t d, uint32_t rank, bool error_feedback
   for (int i = 0; i + 1 < levels; ++i) m.ig[i] = (float)(1.0 / (double)(m.tbl[i + 1] - m.tbl[i]));
   m.ig24.resize(levels);
   for (int i = 0; i < levels; ++i) m.ig24[i] = m.ig[i] * 0x1p24f;  // exact: a power of two
-  m.efr.resize(levels);
+  m.efr[0].resize(levels);
+  m.efr[1].resize(levels);
   if (g < (1u << 16)) {  // direct level table; larger g binary-searches the table instead
     m.lvl.resize(g + 1);
     int i = 0;
@@ -136,15 +140,20 @@ bool Encoder::Impl::Probe(const float* grad, bool save) {
 Status Encoder::Impl::Rotate(const float* grad, double* sumsq) {
   const detail::Kernels& k = detail::ActiveKernels();
   double s = 0;
-  for (size_t j0 = 0; j0 < geo.padded; j0 += chunk) {
-    const size_t n = std::min(chunk, geo.padded - j0);
-    const size_t nvalid = j0 < geo.d ? std::min(n, geo.d - j0) : 0;
-    double part = 0;
-    const int st = k.rotate_chunk(nvalid ? grad + j0 : nullptr, res.data() + j0, nvalid, n, j0,
-                                  geo.block, sign_key, scratch.data() + j0, &part);
-    if (st == detail::kChunkNonFinite) return Status::kNonFinite;
-    if (st == detail::kChunkOverflow) return Status::kOverflow;
-    s += part;
+  for (int r = 0; r < nruns; ++r) {
+    const detail::Run& run = runs[r];
+    double s_run = 0;
+    for (size_t j0 = run.start; j0 < run.end; j0 += chunk) {
+      const size_t n = std::min(chunk, run.end - j0);
+      const size_t nvalid = j0 < geo.d ? std::min(n, geo.d - j0) : 0;
+      double part = 0;
+      const int st = k.rotate_chunk(nvalid ? grad + j0 : nullptr, res.data() + j0, nvalid, n, j0,
+                                    run.block, sign_key, scratch.data() + j0, &part);
+      if (st == detail::kChunkNonFinite) return Status::kNonFinite;
+      if (st == detail::kChunkOverflow) return Status::kOverflow;
+      s_run += part;
+    }
+    s += s_run / (double)run.block;
   }
   *sumsq = s;
   return Status::kOk;
@@ -161,7 +170,7 @@ Status Encoder::Norm(const float* grad, double* norm) {
   }
   const Status st = m.Rotate(grad, &s);
   if (st != Status::kOk) return st;
-  *norm = std::sqrt(s / (double)m.geo.block);
+  *norm = std::sqrt(s);  // Rotate() divided each run's sum by its block
   m.prepared = true;
   m.prep_step = m.step;
   m.prep_grad = grad;
@@ -197,60 +206,65 @@ Status Encoder::Encode(const float* grad, double max_norm, uint8_t* payload) {
   }
 
   const double T = m.cfg.clip, g = m.cfg.granularity, M = max_norm;
-  const double sd = std::sqrt((double)geo.padded), sb = std::sqrt((double)geo.block);
-  detail::QuantParams qp;
-  qp.c1 = (float)(g / (2.0 * T) * sd / M / sb);
-  qp.c0 = (float)(g / 2.0);
-  qp.gmax = (float)g;
-  qp.k1 = (float)(2.0 * T / g * M / sd * sb);
-  qp.k0 = (float)(-T * M / sd * sb);
-  qp.ef = m.ef;
-  qp.round_key = RoundKey(m.cfg.seed, m.rank, m.step);
-  qp.levels = 1 << m.cfg.bits;
-  qp.lvl = m.lvl.empty() ? nullptr : m.lvl.data();
-  qp.tbl = m.tbl.data();
-  qp.tblf = m.tblf.data();
-  qp.ig = m.ig.data();
-  qp.ig24 = m.ig24.data();
-  for (int i = 0; i < qp.levels; ++i) {  // the error's level values, as step 7 computes them
-    const float r = m.tblf[i] * qp.k1;
-    m.efr[i] = r + qp.k0;
-  }
-  qp.efr = m.efr.data();
-  if (m.ef) {
-    qp.res_bound = m.res_bound;
-    qp.efr_absmax = 0;
-    for (int i = 0; i < qp.levels; ++i) {
-      const double a = std::fabs((double)m.efr[i]);
-      qp.efr_absmax = std::isfinite(a) ? std::max(qp.efr_absmax, a) : HUGE_VAL;
-    }
-  }
-
+  const double sd = std::sqrt((double)geo.padded);
   const size_t bits = (size_t)m.cfg.bits;
   ChunkWork& cw = ThreadChunkWork(m.chunk);
   double bound = 0;  // of the new residual
-  for (size_t j0 = 0; j0 < geo.padded; j0 += m.chunk) {
-    const size_t n = std::min(m.chunk, geo.padded - j0);
-    uint8_t* out = payload + j0 * bits / 8;
-    int st;
-    double chunk_bound = 0;
-    if (prepared) {  // y is in scratch: quantise it there (it becomes the new residual)
-      float* y = m.scratch.data() + j0;
-      const uint32_t mb = k.quantize(y, n, j0, qp, cw.idx.data());  // the exact bound
-      k.pack(cw.idx.data(), n, (int)bits, out);
-      float r;
-      std::memcpy(&r, &mb, 4);
-      chunk_bound = r;
-      st = mb < 0x7F800000u ? detail::kChunkOk : detail::kChunkOverflow;
-    } else {
-      const size_t nvalid = j0 < geo.d ? std::min(n, geo.d - j0) : 0;
-      st = k.encode_chunk(nvalid ? grad + j0 : nullptr, m.ef ? m.res.data() + j0 : nullptr,
-                          nvalid, n, j0, geo.block, m.sign_key, qp, cw.work.data(), cw.idx.data(),
-                          out, m.ef ? m.scratch.data() + j0 : nullptr, &chunk_bound);
+  for (int r = 0; r < m.nruns; ++r) {
+    const detail::Run& run = m.runs[r];
+    const double sb = std::sqrt((double)run.block);  // each run scales by its own block
+    detail::QuantParams qp;
+    qp.c1 = (float)(g / (2.0 * T) * sd / M / sb);
+    qp.c0 = (float)(g / 2.0);
+    qp.gmax = (float)g;
+    qp.k1 = (float)(2.0 * T / g * M / sd * sb);
+    qp.k0 = (float)(-T * M / sd * sb);
+    qp.ef = m.ef;
+    qp.round_key = RoundKey(m.cfg.seed, m.rank, m.step);
+    qp.levels = 1 << m.cfg.bits;
+    qp.lvl = m.lvl.empty() ? nullptr : m.lvl.data();
+    qp.tbl = m.tbl.data();
+    qp.tblf = m.tblf.data();
+    qp.ig = m.ig.data();
+    qp.ig24 = m.ig24.data();
+    std::vector<float>& efr = m.efr[r];
+    for (int i = 0; i < qp.levels; ++i) {  // the error's level values, as step 7 computes them
+      const float e = m.tblf[i] * qp.k1;
+      efr[i] = e + qp.k0;
     }
-    if (st == detail::kChunkNonFinite) return Status::kNonFinite;
-    if (st == detail::kChunkOverflow) return Status::kOverflow;
-    bound = std::max(bound, chunk_bound);
+    qp.efr = efr.data();
+    if (m.ef) {
+      qp.res_bound = m.res_bound;
+      qp.efr_absmax = 0;
+      for (int i = 0; i < qp.levels; ++i) {
+        const double a = std::fabs((double)efr[i]);
+        qp.efr_absmax = std::isfinite(a) ? std::max(qp.efr_absmax, a) : HUGE_VAL;
+      }
+    }
+    for (size_t j0 = run.start; j0 < run.end; j0 += m.chunk) {
+      const size_t n = std::min(m.chunk, run.end - j0);
+      uint8_t* out = payload + j0 * bits / 8;
+      int st;
+      double chunk_bound = 0;
+      if (prepared) {  // y is in scratch: quantise it there (it becomes the new residual)
+        float* y = m.scratch.data() + j0;
+        const uint32_t mb = k.quantize(y, n, j0, qp, cw.idx.data());  // the exact bound
+        k.pack(cw.idx.data(), n, (int)bits, out);
+        float e;
+        std::memcpy(&e, &mb, 4);
+        chunk_bound = e;
+        st = mb < 0x7F800000u ? detail::kChunkOk : detail::kChunkOverflow;
+      } else {
+        const size_t nvalid = j0 < geo.d ? std::min(n, geo.d - j0) : 0;
+        st = k.encode_chunk(nvalid ? grad + j0 : nullptr, m.ef ? m.res.data() + j0 : nullptr,
+                            nvalid, n, j0, run.block, m.sign_key, qp, cw.work.data(),
+                            cw.idx.data(), out, m.ef ? m.scratch.data() + j0 : nullptr,
+                            &chunk_bound);
+      }
+      if (st == detail::kChunkNonFinite) return Status::kNonFinite;
+      if (st == detail::kChunkOverflow) return Status::kOverflow;
+      bound = std::max(bound, chunk_bound);
+    }
   }
   if (m.ef) {
     m.res.swap(m.scratch);

@@ -56,6 +56,19 @@ class AlignedArray {
   size_t n_ = 0;
 };
 
+// A run of equal rotation blocks of a tiled partition: coordinates [start, end), blocks of
+// `block`. A partition is one run, or two when its last block is smaller (Geometry::tail_block).
+struct Run {
+  size_t start, end, block;
+};
+inline int Runs(size_t padded, size_t block, size_t tail_block, Run out[2]) {
+  int n = 0;
+  const size_t main = padded - tail_block;
+  if (main) out[n++] = Run{0, main, block};
+  if (tail_block) out[n++] = Run{main, padded, tail_block};
+  return n;
+}
+
 // Everything the quantize kernel needs; filled once per Encode call by the encoder.
 struct QuantParams {
   float c1 = 0, c0 = 0;     // t = y * c1 + c0

@@ -39,21 +39,36 @@ struct Config {
   uint32_t granularity = 30;       // g: table values in [0, g]; 2^b - 1 <= g <= kMaxGranularity
   double clip = 2.1538746940614564;  // T = Phi^-1(1 - p/2); p = 1/32 by default
   uint64_t seed = 42;
-  uint64_t rotation_block = 0;     // power of two; 0 = whole (padded) partition
+  uint64_t rotation_block = 0;     // power of two (blocks of one size); 0 = tiled by AutoBlock(d)
   std::vector<uint32_t> table;     // 2^bits levels, 0 .. g, strictly increasing
 };
 
 // Empty string when valid, else a message naming the bad field and value.
 std::string Validate(const Config& cfg);
 
-// Geometry of one partition of d elements.
+// The tiling rule (docs/ALGORITHM.md, "Geometry"; byteps_thc/config.py holds the same numbers).
+constexpr uint64_t kAutoMinBlock = uint64_t{1} << 14;
+constexpr uint64_t kAutoPadNum = 21, kAutoPadDen = 20;  // d_pad <= 1.05 d
+constexpr uint64_t kTileAlign = 32;  // a smaller block is not tiled (sign words, payload bytes)
+
+// Geometry of one partition of d elements: (padded - tail_block) / block blocks of B, then one
+// block of tail_block (0: none; always 0 for a given rotation_block). Every block starts at a
+// multiple of 32 coordinates, or at 0.
 struct Geometry {
   size_t d = 0;          // elements in
   size_t block = 0;      // B (power of two)
-  size_t padded = 0;     // d_pad, a multiple of B
+  size_t padded = 0;     // d_pad: every block's coordinates
   size_t payload_bytes = 0;  // ceil(d_pad * bits / 8)
+  size_t tail_block = 0;     // the last block's size when smaller than B (a power of two), or 0
 };
 Geometry MakeGeometry(const Config& cfg, size_t d);
+// d_pad of d elements under blocks of at most `block` (a power of two); *tail = the last
+// block's size if it is smaller, else 0.
+uint64_t TiledSize(uint64_t d, uint64_t block, uint64_t* tail);
+// The block of rotation_block = 0: the largest power of two B in [kAutoMinBlock, next_pow2(d)]
+// with TiledSize(d, B) <= 1.05 d; if none, the one of least d_pad (the larger on a tie);
+// next_pow2(d) when that is <= kAutoMinBlock.
+uint64_t AutoBlock(uint64_t d);
 
 // Bits of one aggregation lane for n workers: 8, 16, 32; 0 if n*g does not fit 32 bits.
 int LaneBits(const Config& cfg, uint32_t num_workers);
@@ -122,6 +137,24 @@ class Aggregator {
 // Decodes the sums of n workers into d floats (the estimate of the mean input).
 Status Decode(const Config& cfg, size_t d, const void* sums, int lane_bits, uint32_t num_workers,
               double max_norm, float* out);
+
+// The way down (docs/ALGORITHM.md, "Publish"): the server publishes the sums as an LSB-first
+// stream of SumBits() bits each, ceil(log2(n*g + 1)) (0 when n*g does not fit 32 bits).
+int SumBits(const Config& cfg, uint32_t num_workers);
+size_t PackedSumsBytes(size_t n, int sum_bits);  // ceil(n * sum_bits / 8)
+// n lanes of lane_bits (8/16/32) -> PackedSumsBytes(n, sum_bits) bytes. Every sum must fit
+// sum_bits (the aggregator's do); false for a bad width.
+bool PackSums(const void* lanes, int lane_bits, size_t n, int sum_bits, uint8_t* out);
+// The first n sums of a packed stream of `bytes` bytes -> n lanes of lane_bits; false for a bad
+// width or a stream too short.
+bool UnpackSums(const uint8_t* packed, size_t bytes, int sum_bits, size_t n, int lane_bits,
+                void* lanes);
+// Decode() of the server's packed reply: kBadArgument unless sum_bits == SumBits(cfg, n) and
+// bytes == PackedSumsBytes(d_pad, sum_bits). total: the estimate of the sum of the inputs
+// instead of their mean, n folded into the last scale (docs/ALGORITHM.md, "Decode").
+Status DecodePacked(const Config& cfg, size_t d, const uint8_t* packed, size_t bytes,
+                    int sum_bits, uint32_t num_workers, double max_norm, float* out,
+                    bool total = false);
 
 // The instruction set chosen at run time: "avx512", "avx2" or "portable" (the best this CPU has).
 const char* ActiveIsa();

@@ -2,8 +2,8 @@
 clients (tests/cluster/client/thc_client.cc) that send exactly what BytePS workers send, for 2 and
 3 workers:
 
-- THC sums pulled from the server equal byteps_thc.ThcAggregator bit for bit (8- and 16-bit lanes,
-  several rounds, a rotation block);
+- THC sums pulled from the server equal byteps_thc.ThcAggregator bit for bit, packed in the bits
+  they need (8- and 16-bit lanes, several rounds, a rotation block, a tiled partition);
 - the norm round returns the maximum;
 - an uncompressed key and a onebit key still sum correctly;
 - a wrong-length payload, a mismatched configuration (push fingerprint, registration) and a bad norm
@@ -24,6 +24,7 @@ import thc_cluster as tc
 
 byteps_thc = pytest.importorskip("byteps_thc")
 from byteps_thc import ThcConfig  # noqa: E402
+from byteps_thc import reference as R  # noqa: E402
 
 ROOT = tc.ROOT
 pytestmark = pytest.mark.needs_fork("server")  # the worker pipeline tests need torch's plugin too
@@ -115,9 +116,13 @@ def check_sums(replies, cfg, d, n, payloads):
     for r in replies:
         h, body = tc.parse_reply(r)
         assert h["status"] == 0, body.decode(errors="replace")
-        assert h["lane_bits"] == cfg.lane_bits(n) and h["num_workers"] == n
-        got = np.frombuffer(body, dtype={8: np.uint8, 16: np.uint16, 32: np.uint32}[h["lane_bits"]])
-        assert got.dtype == want.dtype and np.array_equal(got, want)
+        # the sums travel packed in ceil(log2(n*g + 1)) bits each (reference.publish)
+        w = (n * cfg.granularity).bit_length()
+        assert h["lane_bits"] == w and h["num_workers"] == n
+        assert len(body) == -(-want.size * w // 8)
+        got = R.unpack_sums(np.frombuffer(body, dtype=np.uint8), w, want.size)
+        assert np.array_equal(got, want.astype(np.uint64))
+        assert body == R.pack_sums(want, w).tobytes()
     return want
 
 
@@ -129,7 +134,7 @@ def error_of(reply):
 
 # ---- tests ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("bits,granularity,rotation_block,d,keyno", [
-    (4, 30, None, 100_000, 10),       # 8-bit lanes, whole-partition rotation, padded to 2^17
+    (4, 30, None, 100_000, 10),       # 8-bit lanes, 6-7-bit sums; tiled: 3 x 2^15 + 2^11
     (4, 100, 1024, 70_001, 11),       # n*g > 255 at 3 workers: 16-bit lanes; 1024-wide blocks
     (2, 7, None, 65_536, 12),         # b=2, a power-of-two partition
 ])

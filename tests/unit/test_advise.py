@@ -10,11 +10,11 @@ import sys
 import pytest
 
 from byteps_thc import ThcConfig
+from byteps_thc import reference as R
 from byteps_thc.advisor import calibrate, cli, costs, host, models, replay, wire
 from byteps_thc.advisor.costs import LARGE_TENSOR_BYTES, HostCosts
 from byteps_thc.advisor.predict import Scenario, predict, predict_one, recommend
 from byteps_thc.advisor.wire import CompressorSpec, parse_spec
-from byteps_thc.config import next_pow2
 
 ZERO = HostCosts({k: 0.0 for k in costs.COST_KEYS}, "zero")
 # a host where every operation costs 1 ns per element and THC's encode/decode 5 ns
@@ -50,12 +50,14 @@ def test_wire_bytes_per_compressor():
     d = 1 << 20
     assert wire.wire_bytes(CompressorSpec("none"), d, True, 2) == (4 * d, 4 * d)
     assert wire.wire_bytes(CompressorSpec("fp16"), d, True, 2) == (2 * d, 2 * d)
-    # THC: b bits up, the lane (8 bits for n*g <= 255) down
-    assert wire.wire_bytes(CompressorSpec("thc"), d, True, 2) == (d / 2, d)
-    assert wire.wire_bytes(CompressorSpec("thc"), d, True, 9) == (d / 2, 2 * d)  # 9*30 > 255
-    # padded to the rotation block (next power of two)
+    # THC: b bits up, the sums down in ceil(log2(n*g + 1)) bits: 60 -> 6, 270 -> 9
+    assert wire.wire_bytes(CompressorSpec("thc"), d, True, 2) == (d / 2, d * 6 / 8)
+    assert wire.wire_bytes(CompressorSpec("thc"), d, True, 9) == (d / 2, d * 9 / 8)
+    # tiled by the rotation blocks: 1,024,000 is one block of 2^20 (1.024x), 589,824 = 2^19 + 2^16
     up, down = wire.wire_bytes(CompressorSpec("thc"), 1024000, True, 2)
-    assert (up, down) == ((1 << 20) / 2, 1 << 20)
+    assert (up, down) == ((1 << 20) / 2, (1 << 20) * 6 / 8)
+    up, down = wire.wire_bytes(CompressorSpec("thc"), 589824, True, 2)
+    assert (up, down) == (589824 / 2, 589824 * 6 / 8)
     # small tensors travel uncompressed whatever the compressor (but fp16 casts everything)
     assert wire.wire_bytes(CompressorSpec("thc"), 100, False, 2) == (400, 400)
     assert wire.wire_bytes(CompressorSpec("onebit"), d, True, 2) == (d / 8 + 4, d / 8 + 4)
@@ -82,11 +84,12 @@ def test_network_bound_step_time_is_exact_without_cpu_costs():
     assert p.wire_bytes_per_step == pytest.approx(2 * 2 * 4 * 25 * M)
 
 
-def test_thc_cuts_bytes_to_3_16_and_wins_on_a_slow_network():
+def test_thc_cuts_bytes_to_5_32_and_wins_on_a_slow_network():
     preds = {p.compressor: p for p in predict(sc(), [CompressorSpec("none"), CompressorSpec("fp16"),
                                                      CompressorSpec("thc")], ZERO)}
     ratio = preds["thc"].wire_bytes_per_step / preds["none"].wire_bytes_per_step
-    assert ratio == pytest.approx((4 + 8) / 64, rel=0.06)      # padding to 2^20 adds 2.4 %
+    # 4 bits up, 6-bit sums down (n*g = 60); a partition of 1,024,000 padded to 2^20 adds 2.4 %
+    assert ratio == pytest.approx((4 + 6) / 64, rel=0.03)
     assert preds["thc"].step_s < preds["fp16"].step_s < preds["none"].step_s
     assert preds["thc"].speedup > 2.5
 
@@ -129,7 +132,7 @@ def test_byteps_compressors_pay_server_recompression_thc_does_not():
     thc = predict_one(sc(workers=n), CompressorSpec("thc"), ONE_NS)
     onebit = predict_one(sc(workers=n), CompressorSpec("onebit"), ONE_NS)
     elems = sum(e for e, _ in wire.partitions([25 * M]))
-    padded = sum(next_pow2(e) for e, _ in wire.partitions([25 * M]))
+    padded = sum(R.geometry(ThcConfig(), e).padded for e, _ in wire.partitions([25 * M]))
     assert thc.server_cpu_s == pytest.approx(n * 1e-9 * padded)   # lookup+add, padded lengths
     assert onebit.server_cpu_s == pytest.approx((n * 2e-9 + 1e-9) * elems)         # dec+add, enc
 
@@ -137,7 +140,7 @@ def test_byteps_compressors_pay_server_recompression_thc_does_not():
 def test_for_workers_config_changes_lane_and_bytes():
     spec = CompressorSpec("thc", thc=ThcConfig.for_workers(16, downstream_bits=16), label="thc-n")
     up, down = wire.wire_bytes(spec, 1 << 20, True, 16)
-    assert down == 2 * (1 << 20)
+    assert spec.thc.granularity == 960 and down == 14 * (1 << 20) / 8  # 16 * 960 < 2^14
     assert parse_spec("thc-n", 4).thc == ThcConfig.for_workers(4)
 
 
@@ -305,10 +308,11 @@ def test_load_costs(tmp_path):
 
 
 def test_thc_codec_work_follows_the_padded_partition():
-    # BERT's 768x768 matrices: 589824 coordinates, rotated and quantised as 2^20
+    # a BytePS partition of 1,024,000 coordinates is rotated and quantised as 2^20
     spec = CompressorSpec("thc")
-    assert wire.thc_padded(spec, 589824) == 1 << 20
-    odd = predict_one(sc(tensors=[589824]), spec, ONE_NS)
+    assert wire.thc_padded(spec, 1024000) == 1 << 20
+    assert wire.thc_padded(spec, 589824) == 589824  # tiled: 2^19 + 2^16, no padding
+    odd = predict_one(sc(tensors=[1000000]), spec, ONE_NS)    # one block of 2^20: 1.049x
     full = predict_one(sc(tensors=[1024000]), spec, ONE_NS)   # one partition, also 2^20
     # the same codec work; no copies on a THC partition (the codec reads the tensor, patch 0043)
     assert full.worker_cpu_s == odd.worker_cpu_s
@@ -316,7 +320,8 @@ def test_thc_codec_work_follows_the_padded_partition():
     none = CompressorSpec("none")   # the uncompressed pipeline copies each element twice
     assert predict_one(sc(tensors=[1024000]), none, ONE_NS).worker_cpu_s == pytest.approx(
         2 * 1e-9 * 1024000, rel=1e-9)
-    assert wire.codec_elems(spec, 589824, True) == 1 << 20
+    assert wire.codec_elems(spec, 1000000, True) == 1 << 20
+    assert wire.codec_elems(spec, 589824, True) == 589824
     assert wire.codec_elems(spec, 589824, False) == 589824
     assert wire.codec_elems(parse_spec("topk-0.01"), 589824, True) == 589824
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from byteps_thc import reference as R
-from byteps_thc.config import ThcConfig
+from byteps_thc.config import ThcConfig, next_pow2
 
 torch = pytest.importorskip("torch")
 
@@ -34,6 +34,18 @@ SIZES = [1, 1000, (1 << 20) + 5, BIG]
 
 
 # -- without a GPU: the build ----------------------------------------------------------------------
+def test_tiled_partitions_are_refused_by_name():
+    """The kernels rotate in blocks of one size: a partition that the core's default rule tiles
+    with a smaller last block is refused with the remedy; a one-size layout passes, its block the
+    core's (no GPU needed: this runs before any kernel)."""
+    with pytest.raises(ValueError, match="a partition of 40000 values is tiled by blocks of 32768 "
+                                         "and a last block of 8192.*give a rotation_block"):
+        thc_cuda._one_block_size(ThcConfig(), 40000)
+    assert thc_cuda._one_block_size(ThcConfig(), 1 << 20).rotation_block == 1 << 20
+    assert thc_cuda._one_block_size(ThcConfig(), 1000).rotation_block == 1024
+    assert thc_cuda._one_block_size(ThcConfig(rotation_block=1024), 40000).rotation_block == 1024
+
+
 @needs_ext
 def test_extension_imports_without_device():
     k = _C.cuda
@@ -46,7 +58,7 @@ def test_extension_imports_without_device():
 @pytest.mark.parametrize("d,block", [(1, None), (1000, None), (5, 4), ((1 << 20) + 5, None),
                                      ((1 << 20) + 5, 1024), (BIG, None), (3 * 4096 + 1, 4096)])
 def test_geometry_matches_reference(d, block):
-    cfg = ThcConfig(rotation_block=block)
+    cfg = ThcConfig(rotation_block=block or next_pow2(d))
     code = thc_cuda.device_code(cfg)
     geo = R.geometry(cfg, d)
     assert _C.cuda.geometry(code, d) == (geo.d, geo.block, geo.padded, geo.payload_bytes)
@@ -79,9 +91,11 @@ def test_core_config_converts():
 
 
 # -- helpers -------------------------------------------------------------------------------------
+# The kernels rotate in blocks of one size (a partition that the core's default rule tiles is
+# refused above), so every test below gives a block: its own, or next_pow2(d), one block.
 def _inputs(d, seed, dtype, cfg=None):
     """(x as float32, x as a tensor of dtype, a rotated state r of d_pad floats)."""
-    geo = R.geometry(cfg or ThcConfig(), d)
+    geo = R.geometry(cfg or ThcConfig(rotation_block=next_pow2(d)), d)
     rng = np.random.default_rng(seed)
     x = (rng.standard_normal(d) * rng.lognormal(0, 1, d)).astype(np.float32)
     xt = torch.from_numpy(x).to(DTYPES[dtype])
@@ -131,7 +145,8 @@ ENCODE_CASES = ([(d, b, "float32", None) for d in SIZES for b in (2, 4, 8)]
 @needs_gpu
 @pytest.mark.parametrize("d,bits,dtype,block", ENCODE_CASES)
 def test_encode_matches_reference(d, bits, dtype, block):
-    cfg = ThcConfig(bits=bits, granularity=max(30, (1 << bits) - 1), rotation_block=block)
+    cfg = ThcConfig(bits=bits, granularity=max(30, (1 << bits) - 1),
+                    rotation_block=block or next_pow2(d))
     x, xt, res = _inputs(d, d + bits, dtype, cfg)
     rank, step = 5, 3
     enc = thc_cuda.CudaCodec(cfg, d, rank)
@@ -161,7 +176,7 @@ def test_encode_matches_reference(d, bits, dtype, block):
 def test_forced_passes(d, block, fused, colmax, chunk):
     """Blocks split into many transform passes (the middle passes of blocks beyond 2^23) and
     tensors into several chunks (the last one partial)."""
-    cfg = ThcConfig(rotation_block=block)
+    cfg = ThcConfig(rotation_block=block or next_pow2(d))
     x, xt, res = _inputs(d, 7, "float32", cfg)
     enc = thc_cuda.CudaCodec(cfg, d, 1, fused_max_log=fused, column_max_bits=colmax,
                              chunk_log=chunk)
@@ -183,7 +198,7 @@ def test_matches_cpu_core_over_steps(d):
     """Two steps with error feedback: payloads equal the CPU extension's (residuals evolve
     alike)."""
     from byteps_thc import ThcCodec
-    cfg = ThcConfig()
+    cfg = ThcConfig(rotation_block=next_pow2(d))
     gpu, cpu = thc_cuda.CudaCodec(cfg, d, 2), ThcCodec(cfg, d, 2)
     ok = True  # coordinates whose indices agreed in every step so far
     for step in range(2):
@@ -252,7 +267,7 @@ def test_decode_matches_reference(d, bits, n):
 @needs_gpu
 @pytest.mark.parametrize("d", [1000, (1 << 20) + 5])
 def test_max_norm_zero(d):
-    cfg = ThcConfig()
+    cfg = ThcConfig(rotation_block=next_pow2(d))
     x, xt, res = _inputs(d, 1, "float32", cfg)
     enc = thc_cuda.CudaCodec(cfg, d)
     enc.residual.copy_(torch.from_numpy(res))
@@ -267,7 +282,7 @@ def test_max_norm_zero(d):
 @needs_gpu
 @pytest.mark.parametrize("d", [1000, (1 << 20) + 5])
 def test_non_finite_leaves_state(d):
-    cfg = ThcConfig()
+    cfg = ThcConfig(rotation_block=next_pow2(d))
     x, xt, res = _inputs(d, 2, "float32", cfg)
     x[d // 2] = np.nan
     enc = thc_cuda.CudaCodec(cfg, d)
@@ -290,7 +305,7 @@ def test_non_finite_leaves_state(d):
 def test_overflow_leaves_state(d, block):
     """y = Hu(sign*grad) + r overflowing float32: norm and encode raise, and the state, payload
     and step are unchanged (the norm flags it; the encode after it writes nothing)."""
-    cfg = ThcConfig(rotation_block=block)
+    cfg = ThcConfig(rotation_block=block or next_pow2(d))
     geo = R.geometry(cfg, d)
     x = np.random.default_rng(3).standard_normal(d).astype(np.float32)
     x[geo.padded - geo.block:][:64] = np.float32(3e38)  # in the last block
@@ -316,7 +331,7 @@ def test_overflow_leaves_state(d, block):
 @needs_gpu
 def test_device_max_norm_and_no_sync():
     """max_norm left on the device (norm with sync=False) gives the same payload as a float."""
-    cfg = ThcConfig()
+    cfg = ThcConfig(rotation_block=1 << 16)  # d below: one block
     d = 50000
     x = torch.randn(d, device="cuda")
     a, b = thc_cuda.CudaCodec(cfg, d), thc_cuda.CudaCodec(cfg, d)
@@ -484,8 +499,8 @@ def test_emulated_kernels_bit_exact(emu, case):
     k = emu
     d, bits, block = case["d"], case.get("bits", 4), case.get("block")
     ef, kw, dtype = case.get("ef", True), case.get("kw", {}), case.get("dtype", "float32")
-    cfg = ThcConfig(bits=bits, granularity=max(30, (1 << bits) - 1), rotation_block=block,
-                    error_feedback=ef)
+    cfg = ThcConfig(bits=bits, granularity=max(30, (1 << bits) - 1),
+                    rotation_block=block or next_pow2(d), error_feedback=ef)
     code = _emu_code(k, cfg, **kw)
     x, xt, res = _inputs(d, d, dtype, cfg)
     res = res if ef else None
@@ -524,7 +539,7 @@ def test_emulated_kernels_bit_exact(emu, case):
 def test_emulated_bad_norm_and_status(emu, d, kw):
     """A non-finite M, or a status word already set, leaves payload and residual untouched."""
     k = emu
-    cfg = ThcConfig()
+    cfg = ThcConfig(rotation_block=next_pow2(d))
     code = _emu_code(k, cfg, **kw)
     x = np.random.default_rng(0).standard_normal(d).astype(np.float32)
     r = np.ones(R.geometry(cfg, d).padded, np.float32)
@@ -574,7 +589,7 @@ def test_emulated_overflow_with_error_feedback(emu, d, block, kw):
     every tile that overflowed (the others: updated as the reference does, or, once the flag is
     set, skipped)."""
     k = emu
-    cfg = ThcConfig(rotation_block=block)
+    cfg = ThcConfig(rotation_block=block or next_pow2(d))
     code = _emu_code(k, cfg, **kw)
     geo = R.geometry(cfg, d)
     at = geo.padded - geo.block  # the last rotation block
@@ -629,7 +644,7 @@ def test_emulated_huge_max_norm(emu):
     k = emu
     d, m = 3000, 1e300
     x = np.random.default_rng(1).standard_normal(d).astype(np.float32)
-    cfg = ThcConfig()
+    cfg = ThcConfig(rotation_block=next_pow2(d))
     with pytest.raises(ValueError, match="overflow"):
         R.encode(cfg, x, m, 0, 0, R.initial_residual(cfg, d))
     code = _emu_code(k, cfg)
@@ -651,7 +666,7 @@ def test_emulated_nan_input(emu, d, kw):
     """A NaN gradient: the norm flags it as the input (the overflow bit that its NaN y also raises
     is byteps_thc.cuda's to hide); an encode on that word writes nothing."""
     k = emu
-    cfg = ThcConfig()
+    cfg = ThcConfig(rotation_block=next_pow2(d))
     code = _emu_code(k, cfg, **kw)
     x = np.random.default_rng(2).standard_normal(d).astype(np.float32)
     x[d // 3] = np.nan

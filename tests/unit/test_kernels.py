@@ -118,7 +118,7 @@ def test_fwht_bad_block():
 
 # -- encode --------------------------------------------------------------------------------------
 BITS_G = {2: 6, 4: 30, 8: 255}
-SIZES = [1, 3, 1000, 1 << 10, (1 << 20) + 5]
+SIZES = [1, 3, 1000, 1 << 10, 40000, (1 << 20) + 5]  # 40000, 2^20+5: tiled (a smaller last block)
 
 
 def _inputs(d, steps, seed):
@@ -441,7 +441,8 @@ def test_encoder_argument_checks():
     ("granularity", 1 << 24, "granularity must be in 15..16777215 for bits=4, got 16777216"),
     ("clip", float("nan"), "clip must be finite and > 0, got nan"),
     ("clip", 0.0, "clip must be finite and > 0, got 0"),
-    ("rotation_block", 1000, "rotation_block must be 0 or a power of two, got 1000"),
+    ("rotation_block", 1000,
+     r"rotation_block must be 0 \(the default per partition\) or a power of two, got 1000"),
     ("table", list(range(15)), "table must have 2\\^bits = 16 entries, got 15"),
     ("table", [1] + list(range(1, 16)), "table\\[0\\] must be 0, got 1"),
     ("table", [0, 2, 2] + list(range(3, 16)), "strictly increasing, but table\\[2\\] = 2"),
@@ -458,12 +459,14 @@ def test_validate_names_field_and_value(field, value, message):
 
 @pytest.mark.parametrize("d,block", [(1, None), (3, None), (1000, None), (5, 4), (1000, 1024),
                                      ((1 << 20) + 5, None), ((1 << 20) + 5, 1024),
-                                     (3 * 4096 + 1, 4096)])
+                                     (3 * 4096 + 1, 4096), (40000, None), (589824, None),
+                                     (1100, 64), (1000, 16), (24577, None), (1 << 30, 1 << 32)])
 def test_geometry(d, block):
     cfg = ThcConfig(rotation_block=block)
     g = R.geometry(cfg, d)
     assert _C.geometry(core(cfg), d) == {"d": g.d, "block": g.block, "padded": g.padded,
-                                          "payload_bytes": g.payload_bytes}
+                                          "payload_bytes": g.payload_bytes,
+                                          "tail_block": g.tail_block}
 
 
 @pytest.mark.parametrize("n", [1, 8, 9, 2184, 2185, 143165576, 143165577])
@@ -530,7 +533,8 @@ def test_aggregate_errors():
 # -- decode --------------------------------------------------------------------------------------
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("d,block", [(1, None), (3, None), (1000, None), (1000, 256),
-                                     ((1 << 20) + 5, 1024), ((1 << 17) + 5, None)])
+                                     ((1 << 20) + 5, 1024), ((1 << 17) + 5, None), (40000, None),
+                                     (1100, 64)])
 @pytest.mark.parametrize("n,g", [(4, 30), (9, 30), (3000, 30)])
 def test_decode_bit_exact(isa, d, block, n, g):
     assert _C.force_isa(isa)
@@ -605,3 +609,65 @@ def test_core_config_is_the_one_conversion():
                                 table=[0, 2, 1, 3])
     with pytest.raises(ValueError, match="invalid THC configuration: table must be strictly"):
         _C.core_config(bad)
+
+
+# -- the way down: packed sums -------------------------------------------------------------------
+@pytest.mark.parametrize("n,g,width", [(1, 15, 4), (2, 30, 6), (3, 30, 7), (9, 30, 9),
+                                       (2, 126, 8), (2184, 30, 16), (2185, 30, 17),
+                                       (143165576, 30, 32)])
+def test_sum_bits_is_the_width_of_n_times_g(n, g, width):
+    cfg = ThcConfig(granularity=g)
+    assert _C.sum_bits(core(cfg), n) == width == R.sum_bits(cfg, n)
+    assert (n * g) < (1 << width) and (n * g) >= (1 << (width - 1))
+
+
+@pytest.mark.parametrize("n,g", [(2, 30), (3, 30), (9, 30), (2185, 30), (1, 255), (600, 7)])
+@pytest.mark.parametrize("count", [1, 7, 8, 33, 1000])
+def test_publish_equals_reference_and_round_trips(n, g, count):
+    cfg = ThcConfig(bits=3 if g == 7 else 4, granularity=g)
+    rng = np.random.default_rng(n * 1000 + count)
+    lanes = rng.integers(0, n * g + 1, count).astype(R.lane_dtype(cfg, n))
+    lanes[0] = n * g  # the largest sum uses every bit
+    w = R.sum_bits(cfg, n)
+    got = _C.publish(core(cfg), n, lanes)
+    want = R.pack_sums(lanes, w)
+    assert got.dtype == np.uint8 and np.array_equal(got, want)
+    assert got.size == -(-count * w // 8)
+    np.testing.assert_array_equal(R.unpack_sums(got, w, count), lanes.astype(np.uint64))
+    # by hand: bit k of sum j is bit j*w + k of the stream
+    j, k = count - 1, w - 1
+    bit = (int(got[(j * w + k) // 8]) >> ((j * w + k) % 8)) & 1
+    assert bit == (int(lanes[j]) >> k) & 1
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("d,block", [(1000, None), (40000, None), ((1 << 17) + 5, None),
+                                     (1100, 64), (5000, 1024)])
+@pytest.mark.parametrize("n,g", [(2, 30), (3, 30), (9, 30), (3000, 30)])
+def test_decode_published_bit_exact(isa, d, block, n, g):
+    assert _C.force_isa(isa)
+    cfg = ThcConfig(granularity=g, rotation_block=block)
+    geo = R.geometry(cfg, d)
+    rng = np.random.default_rng(d + n)
+    sums = rng.integers(0, n * g + 1, geo.padded).astype(R.lane_dtype(cfg, n))
+    packed = R.publish(cfg, sums, d, n)
+    for m in (3.5, 1e-3):
+        got = _C.decode_published(core(cfg), d, packed, n, m)
+        want = R.decode(cfg, sums, d, n, m)
+        assert np.array_equal(bits_of(got), bits_of(want))
+
+
+def test_publish_and_decode_published_errors():
+    cfg = ThcConfig()
+    c = core(cfg)
+    with pytest.raises(ValueError, match="sums have 8-bit lanes, narrower than the 9 bits"):
+        _C.publish(c, 9, np.zeros(10, np.uint8))
+    with pytest.raises(ValueError, match="packed sums of 10 bytes, expected 768 "
+                                         r"\(1024 sums of 6 bits\)"):
+        _C.decode_published(c, 1000, np.zeros(10, np.uint8), 2, 1.0)
+    with pytest.raises(ValueError, match="num_workers must be >= 1"):
+        _C.sum_bits(c, 0)
+    with pytest.raises(ValueError, match="overflows a 32-bit sum"):
+        _C.sum_bits(c, 143165577)
+    with pytest.raises(ValueError, match="does not fit 6 bits"):
+        R.pack_sums(np.array([64]), 6)

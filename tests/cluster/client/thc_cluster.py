@@ -29,7 +29,7 @@ THC_WIRE_SRC = (ROOT / "csrc" / "byteps" / "src" / "byteps" / "common" / "compre
 # BytePS request types (the ps-lite command pairs them with the dtype) and dtypes.
 DEFAULT, COMPRESSED, THC_NORM = 0, 2, 3
 FLOAT32, FLOAT64 = 0, 1
-PUSH_MAGIC, PULL_MAGIC, WIRE_VERSION = 0x31434854, 0x52434854, 1
+PUSH_MAGIC, PULL_MAGIC, WIRE_VERSION = 0x31434854, 0x52434854, 2
 # magic, status, lane_bits, num_workers, round, payload_bytes
 PULL_HEADER = struct.Struct("<IiIIQQ")
 

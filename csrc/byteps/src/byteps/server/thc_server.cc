@@ -4,7 +4,8 @@
 // float and never recompresses. Per round it does what docs/ALGORITHM.md "Aggregate" says and
 // nothing else: each push is checked (magic, configuration fingerprint, length) and handed to
 // thc::Aggregator (unpack, table lookup, integer add into lanes sized for n*g); the n-th push
-// publishes the sums, and every pull of that round returns them as they are. The norm round is
+// publishes the sums packed in thc::SumBits = ceil(log2(n*g + 1)) bits each (docs/ALGORITHM.md
+// "Publish"), and every pull of that round returns them as they are. The norm round is
 // the same with one double per worker reduced by max (NaN if one is NaN, else +inf if one is +inf:
 // the workers then skip that step, BYTEPS_THC_NONFINITE=propagate; =error fails the round).
 //
@@ -62,7 +63,8 @@ struct ThcKey {
   size_t d = 0;
   uint64_t fingerprint = 0;
   uint32_t num_workers = 0;
-  int lane_bits = 0;
+  int lane_bits = 0;  // the aggregator's lanes
+  int sum_bits = 0;   // one published sum
   bool nonfinite_error = false;  // thc_nonfinite=error: a non-finite norm fails the round
   std::unique_ptr<thc::Aggregator> agg;
   // LHC (lhc_server.h): a key whose first registration said compressor_type=lhc takes LHC's
@@ -100,6 +102,25 @@ ps::SArray<char> MakeResponse(int32_t status, uint32_t lane_bits, uint32_t n, ui
   ps::SArray<char> out(new char[sizeof(h) + bytes], sizeof(h) + bytes, true);
   std::memcpy(out.data(), &h, sizeof(h));
   if (bytes) std::memcpy(out.data() + sizeof(h), payload, bytes);
+  return out;
+}
+
+// The data round's reply: the header, then the aggregator's lanes packed straight into the
+// message (one pass over the sums).
+ps::SArray<char> MakePublished(const ThcKey& k, uint64_t round) {
+  const size_t n = k.agg->geometry().padded;
+  const size_t bytes = thc::PackedSumsBytes(n, k.sum_bits);
+  tw::PullHeader h;
+  h.magic = tw::kPullMagic;
+  h.status = 0;
+  h.lane_bits = static_cast<uint32_t>(k.sum_bits);
+  h.num_workers = k.num_workers;
+  h.round = round;
+  h.payload_bytes = bytes;
+  ps::SArray<char> out(new char[sizeof(h) + bytes], sizeof(h) + bytes, true);
+  std::memcpy(out.data(), &h, sizeof(h));
+  thc::PackSums(k.agg->sums(), k.lane_bits, n, k.sum_bits,
+                reinterpret_cast<uint8_t*>(out.data() + sizeof(h)));
   return out;
 }
 
@@ -227,6 +248,7 @@ void Register(ThcKey* k, uint64_t key, const ps::KVMeta& req, const ps::KVPairs<
       k->nonfinite_error = settings.nonfinite_error;
       k->num_workers = static_cast<uint32_t>(ps::NumWorkers());
       k->lane_bits = thc::LaneBits(cfg, k->num_workers);
+      k->sum_bits = thc::SumBits(cfg, k->num_workers);
       if (k->lane_bits == 0) {
         err = "overflow-prone configuration: " + std::to_string(k->num_workers) +
               " workers x granularity " + std::to_string(cfg.granularity) +
@@ -234,7 +256,8 @@ void Register(ThcKey* k, uint64_t key, const ps::KVMeta& req, const ps::KVPairs<
       } else {
         k->agg.reset(new thc::Aggregator(cfg, d, k->num_workers));
         LOG(INFO) << "THC key " << key << " registered: " << k->description << ", "
-                  << k->num_workers << " workers, " << k->lane_bits << "-bit lanes";
+                  << k->num_workers << " workers, " << k->lane_bits << "-bit lanes, "
+                  << k->sum_bits << "-bit sums on the wire";
       }
     } else if (fp != k->fingerprint) {
       err = "THC settings differ between workers: node " + std::to_string(req.sender) +
@@ -348,8 +371,7 @@ void DataPush(ThcKey* k, uint64_t key, const ps::KVMeta& req, const ps::KVPairs<
     const char* sums = LhcResult(k->lhc.get(), &bytes);
     result = MakeResponse(0, 32, k->num_workers, round->completed + 1, sums, bytes);
   } else if (round->error.empty()) {
-    result = MakeResponse(0, k->lane_bits, k->num_workers, round->completed + 1, k->agg->sums(),
-                          k->agg->sums_bytes());
+    result = MakePublished(*k, round->completed + 1);
   } else {
     result = MakeError(round->error, round->completed + 1);
   }

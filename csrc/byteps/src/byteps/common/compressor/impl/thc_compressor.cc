@@ -129,7 +129,7 @@ std::string ThcCompressor::Bind(uint64_t key, size_t bytes, uint32_t rank,
   fingerprint_ = thcwire::Fingerprint(cfg_, d);
   const thc::Geometry& geo = encoder_->geometry();
   send_.assign(sizeof(thcwire::PushHeader) + geo.payload_bytes, 0);
-  // The sums come back in lanes of up to 32 bits, or an error message.
+  // The sums come back packed in at most 32 bits each, or an error message.
   recv_.assign(sizeof(thcwire::PullHeader) +
                    std::max(geo.padded * sizeof(uint32_t), thcwire::kMaxErrorBytes),
                0);
@@ -251,11 +251,12 @@ tensor_t ThcCompressor::Decompress(tensor_t compressed) {
          << std::string(recv_.data() + sizeof(h), h.payload_bytes);
     } else {
       const thc::Geometry& geo = encoder_->geometry();
-      int lane = thc::LaneBits(cfg_, h.num_workers);
-      if (lane == 0 || lane != static_cast<int>(h.lane_bits) ||
-          h.payload_bytes != geo.padded * (h.lane_bits / 8)) {
-        os << "reply with " << h.lane_bits << "-bit lanes for " << h.num_workers << " workers and "
-           << h.payload_bytes << " bytes does not fit " << geo.padded << " coordinates";
+      const int w = thc::SumBits(cfg_, h.num_workers);
+      if (w == 0 || w != static_cast<int>(h.lane_bits) ||
+          h.payload_bytes != thc::PackedSumsBytes(geo.padded, w)) {
+        os << "reply with " << h.lane_bits << "-bit sums for " << h.num_workers << " workers and "
+           << h.payload_bytes << " bytes does not fit " << geo.padded << " coordinates (" << w
+           << "-bit sums for granularity " << cfg_.granularity << ")";
       }
     }
   }
@@ -263,17 +264,17 @@ tensor_t ThcCompressor::Decompress(tensor_t compressed) {
     error_ = os.str();
     return none;
   }
-  // The decoded mean, times n: BytePS's pull yields sums (average=True divides by n).
+  // The decoded sum (n times the mean, n folded into the decode's scale): BytePS's pull yields
+  // sums (average=True divides by n).
   float* out = _dtype == BYTEPS_FLOAT32 ? reinterpret_cast<float*>(compressed.data)
                                         : scratch_.data();
-  auto st = thc::Decode(cfg_, d_, recv_.data() + sizeof(h), h.lane_bits, h.num_workers,
-                        max_norm_, out);
+  auto st = thc::DecodePacked(cfg_, d_, reinterpret_cast<const uint8_t*>(recv_.data()) + sizeof(h),
+                              h.payload_bytes, static_cast<int>(h.lane_bits), h.num_workers,
+                              max_norm_, out, /*total=*/true);
   if (st != thc::Status::kOk) {
     error_ = std::string("decode failed: ") + thc::StatusText(st);
     return none;
   }
-  const float n = static_cast<float>(h.num_workers);
-  for (size_t i = 0; i < d_; ++i) out[i] = out[i] * n;
   if (_dtype == BYTEPS_FLOAT16) {
     auto* dst = reinterpret_cast<uint16_t*>(compressed.data);
     for (size_t i = 0; i < d_; ++i) dst[i] = FloatToHalf(out[i]);

@@ -6,8 +6,9 @@
 //   THC_NORM stage (common/thc_stage.cc): Bind() the key, LocalNorm(), the max-norm round;
 //   COMPRESS: Compress() = header + thc::Encoder::Encode with the max norm;
 //   PULL:     into ReceiveBuffer() (the integer sums can be larger than the partition's bytes);
-//   DECOMPRESS: Decompress() = thc::Decode, times n (BytePS's pull returns sums; push_pull
-//               with average=True divides by n again).
+//   DECOMPRESS: Decompress() = thc::DecodePacked (the sums packed in SumBits bits each) of the
+//               sum, n folded into its last scale (BytePS's pull returns sums; push_pull with
+//               average=True divides by n).
 // Nothing here aborts on a worker's input or a peer's reply: a call that fails says why (Bind,
 // LocalNorm, ParseNormReply return the message; Compress and Decompress leave it for TakeError),
 // and the stages (common/thc_stage.cc) fail the push_pull with it (common/thc_failure.h).

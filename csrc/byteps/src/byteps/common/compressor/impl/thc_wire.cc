@@ -129,9 +129,15 @@ std::string ParseThcKwargs(const Kwargs& kwargs, ThcSettings* out) {
   }
   if ((v = Find(kwargs, "thc_rotation_block"))) {
     if (!ParseU64(v, &u) || (u & (u - 1)))
-      return std::string("thc_rotation_block=") + v + " must be 0 (whole partition) or a power of two";
+      return std::string("thc_rotation_block=") + v + " must be 0 (the default per partition) or a power of two";
     c.rotation_block = u;
   }
+  if ((v = Find(kwargs, "thc_tiling")) && std::string(v) != kTiling)
+    return std::string("thc_tiling=") + v + ": this build tiles partitions as " + kTiling +
+           "; every worker and the server must run the same byteps-thc";
+  if ((v = Find(kwargs, "thc_sums")) && std::string(v) != kSums)
+    return std::string("thc_sums=") + v + ": this build publishes the sums as " + kSums +
+           "; every worker and the server must run the same byteps-thc";
   v = Find(kwargs, "thc_table");
   if (!v) {
     return "thc_table is missing: the worker must send the solved table "
@@ -178,7 +184,8 @@ std::string Describe(const thc::Config& cfg) {
   std::snprintf(clip, sizeof(clip), "%.17g", cfg.clip);
   std::ostringstream os;
   os << "bits=" << cfg.bits << " granularity=" << cfg.granularity << " clip=" << clip
-     << " seed=" << cfg.seed << " rotation_block=" << cfg.rotation_block << " table=";
+     << " seed=" << cfg.seed << " rotation_block=" << cfg.rotation_block << " tiling=" << kTiling
+     << " sums=" << kSums << " table=";
   for (size_t i = 0; i < cfg.table.size(); ++i) os << (i ? "," : "") << cfg.table[i];
   return os.str();
 }

@@ -41,7 +41,8 @@ inline const char* NonfiniteName(bool error) { return error ? "error" : "propaga
 bool IsThcKwargs(const Kwargs& kwargs);
 
 // Parses compressor_type=thc, thc_bits, thc_granularity, thc_overflow_prob and/or thc_clip,
-// thc_seed, thc_rotation_block, thc_table (comma-separated, as solved by
+// thc_seed, thc_rotation_block, thc_tiling and thc_sums (when sent, they must be kTiling and
+// kSums), thc_table (comma-separated, as solved by
 // byteps_thc.tables.solve_table), thc_error_feedback (1/0), thc_nonfinite (propagate, the
 // default, or error) and the generic ef_type, then
 // thc::Validate()s the result. Returns "" on success, else a message naming the bad kwarg.
@@ -78,7 +79,12 @@ int CommandType(int request_type, int dtype);
 
 constexpr uint32_t kPushMagic = 0x31434854u;  // "THC1" little-endian
 constexpr uint32_t kPullMagic = 0x52434854u;  // "THCR"
-constexpr uint32_t kWireVersion = 1;
+// 2: partitions tiled by blocks of two sizes (thc_tiling), sums published packed (thc_sums).
+constexpr uint32_t kWireVersion = 2;
+
+// What byteps_thc.config's TILING and SUMS name: the only values this build takes.
+constexpr const char* kTiling = "pow2-tail";
+constexpr const char* kSums = "packed";
 
 // Prefix of every THC data push: then the packed indices (thc::Geometry::payload_bytes). A push
 // of the header alone says the worker could not encode: the server fails that round for all.
@@ -98,12 +104,13 @@ struct NormPush {
 static_assert(sizeof(NormPush) == 16, "NormPush is 16 bytes on the wire");
 
 // Prefix of every THC pull response (data and norm rounds). status 0: then `payload_bytes`
-// bytes follow (the sums, padded lanes of lane_bits; or one double, the max norm). Otherwise
-// the rest is an error message (UTF-8, payload_bytes long) and the round failed.
+// bytes follow (the d_pad sums packed in lane_bits = thc::SumBits(cfg, n) bits each, as
+// thc::PackSums writes them; or one double, the max norm). Otherwise the rest is an error
+// message (UTF-8, payload_bytes long) and the round failed.
 struct PullHeader {
   uint32_t magic;          // kPullMagic
   int32_t status;          // 0 ok, else the round failed
-  uint32_t lane_bits;      // 8, 16, 32 (data); 64 (norm)
+  uint32_t lane_bits;      // bits of one packed sum, 1..32 (data); 64 (norm)
   uint32_t num_workers;    // n, the number of payloads summed
   uint64_t round;          // 1-based count of completed rounds of this key
   uint64_t payload_bytes;  // bytes after this header
