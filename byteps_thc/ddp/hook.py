@@ -61,6 +61,7 @@ Example:
 The CUDA path (buffers on a GPU: the codec's CudaCodec and CudaAggregator through ThcCodec and
 ThcAggregator) has not been run: this project's test machines have no GPU.
 """
+import atexit
 import collections
 import math
 import queue
@@ -204,8 +205,10 @@ class _Pipeline:
 
     def __init__(self):
         self._queue = queue.SimpleQueue()
-        threading.Thread(target=self._run, args=(self._queue,), name="thc-hook",
-                         daemon=True).start()
+        thread = threading.Thread(target=self._run, args=(self._queue,), name="thc-hook",
+                                  daemon=True)
+        _LIVE[thread] = self._queue
+        thread.start()
 
     def submit(self, gen, last: bool) -> torch.futures.Future:
         fut = torch.futures.Future()
@@ -221,6 +224,7 @@ class _Pipeline:
         while True:
             item = q.get()
             if item is None:
+                _LIVE.pop(threading.current_thread(), None)
                 return
             gen, fut, last = item
             older = list(active)
@@ -234,6 +238,22 @@ class _Pipeline:
                 for e in list(active):
                     if _advance(e):
                         active.remove(e)
+
+
+# Every pipeline thread that has not ended, with its queue. A daemon thread that is still inside
+# C++ (a collective's wait, a future's callbacks) when the interpreter finalizes is ended by a
+# forced unwind, which aborts the process through std::terminate; so at exit each one is told to
+# stop and joined first. The bound keeps a stuck collective from hanging the exit.
+_LIVE = {}
+_JOIN_TIMEOUT_S = 30.0
+
+
+@atexit.register
+def _stop_pipelines():
+    for thread, q in list(_LIVE.items()):
+        q.put(None)
+    for thread in list(_LIVE):
+        thread.join(_JOIN_TIMEOUT_S)
 
 
 def _inline(gen) -> torch.futures.Future:
