@@ -329,8 +329,9 @@ def _key_seed(seed, key):
 
 
 def _check_pipeline(out, n, steps, declared_key, xin, yout, part_elems, cast, skipped=()):
-    """Each partition of each worker's output == n * decode(sum of encodes) with the codec, bit
-    for bit: per-key seed, rank = the worker's rank, EF and step carried across steps.
+    """Each partition of each worker's output == the reference's decode of the sum of the codec's
+    encodes with n folded into the scale (total=True, what BytePS's pull yields), bit for bit:
+    per-key seed, rank = the worker's rank, EF and step carried across steps.
     (step, partition) in `skipped`: a NaN there, so every output is NaN and no codec encodes."""
     cfg = ThcConfig()
     codecs = {}
@@ -351,7 +352,7 @@ def _check_pipeline(out, n, steps, declared_key, xin, yout, part_elems, cast, sk
             agg = byteps_thc.ThcAggregator(c, hi - lo, n)
             for r in range(n):
                 agg.add(cs[r].encode(xs[r][lo:hi], m))
-            want = cast(cs[0].decode(agg.result(), m, n) * np.float32(n))
+            want = cast(R.decode(c, agg.result(), hi - lo, n, m, total=True))
             for r in range(n):
                 got = ys[r][lo:hi]
                 assert got.dtype == want.dtype
