@@ -7,7 +7,10 @@ that variable (the environment's fork may be older than .venv's) or without the 
 
 - example/mxnet/train_digits.py trains with THC to within 2 points of uncompressed, and both
   workers end with bit-identical weights (THC and none);
-- two tensors under one name with different sizes get the clear error, not an abort.
+- two tensors under one name with different sizes get the clear error, not an abort;
+- workers that declare THC with different `bits` (tests/cluster/scripts/mxnet_failures.py): a
+  push_pull and DistributedTrainer.step raise mxnet.base.MXNetError naming the refusal and both
+  settings; the script catches it, an uncompressed push_pull still works, and both exit 0.
 """
 import os
 import re
@@ -16,10 +19,13 @@ import textwrap
 
 import pytest
 
+from byteps_thc.launch.supervisor import kill_groups
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MXPY = os.environ.get("BYTEPS_THC_MXNET_PYTHON", os.path.join(ROOT, ".cache", "venv-mxnet", "bin",
                                                               "python"))
 EXAMPLE = os.path.join(ROOT, "example", "mxnet", "train_digits.py")
+SCRIPTS = os.path.join(ROOT, "tests", "cluster", "scripts")
 
 
 pytestmark = [
@@ -33,13 +39,24 @@ pytestmark = [
 
 
 def launch(args, timeout=400):
+    """`bpslaunch --local 2 -- ARGS` under MXNet's Python; (exit code, stdout, stderr). Its
+    process group is killed on every path (past `timeout` the test fails)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("BYTEPS_", "DMLC_"))}
     env["PYTHONPATH"] = ROOT
     env["OMP_NUM_THREADS"] = "1"
-    p = subprocess.run([MXPY, "-m", "byteps_thc.launch", "--local", "2", "--timeout",
-                        str(timeout - 20), "--"] + args, cwd=ROOT, env=env, capture_output=True,
-                       text=True, timeout=timeout)
-    return p.returncode, p.stdout, p.stderr
+    p = subprocess.Popen([MXPY, "-m", "byteps_thc.launch", "--local", "2", "--timeout",
+                          str(timeout - 20), "--"] + args, cwd=ROOT, env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_groups([p])
+        out, err = p.communicate()
+        raise AssertionError(f"bpslaunch ran past {timeout} s\n{out[-3000:]}\n{err[-3000:]}")
+    finally:
+        kill_groups([p])
+    return p.returncode, out, err
 
 
 @pytest.fixture(scope="module")
@@ -87,3 +104,21 @@ def test_name_reused_with_another_size_is_a_clear_error(tmp_path):
     code, out, err = launch([MXPY, str(script)], timeout=200)
     assert "NO ERROR" not in out, out
     assert "'byteps.dup' is used by two different tensors" in out + err, out[-3000:] + err[-2000:]
+
+
+def test_mismatched_bits_raise_mxnet_error(tmp_path):
+    code, out, err = launch([MXPY, os.path.join(SCRIPTS, "mxnet_failures.py"), str(tmp_path)],
+                            timeout=300)
+    log = out + err
+    assert code == 0, log[-4000:]
+    for style, tensor in (("push_pull", "'byteps.mx.big_0'"), ("trainer", "'byteps.gradient_")):
+        for r in (0, 1):
+            text = (tmp_path / f"{style}_{r}.txt").read_text()
+            assert text.startswith("MXNetError: ") and tensor in text, text
+            assert f"failed on rank {r}" in text, text
+            assert "registration refused" in text and "THC settings differ between workers" in text
+            assert "bits=3" in text and "bits=4" in text, text
+            assert "same THC or LHC settings" in text, text
+    assert "rank 0: after [2.0, 2.0, 2.0, 2.0]" in out and "rank 1: after [2.0, 2.0, 2.0, 2.0]" \
+        in out, log[-3000:]
+    assert "Check failed" not in log and "SIGABRT" not in log
