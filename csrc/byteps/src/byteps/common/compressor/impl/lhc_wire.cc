@@ -1,9 +1,7 @@
 // byteps-thc: LHC kwargs and per-partition geometry (see lhc_wire.h).
 #include "lhc_wire.h"
 
-#include <cerrno>
 #include <cmath>
-#include <cstdlib>
 #include <sstream>
 
 namespace byteps {
@@ -11,31 +9,6 @@ namespace common {
 namespace compressor {
 namespace lhcwire {
 namespace {
-
-const char* Find(const thcwire::Kwargs& kwargs, const char* name) {
-  auto it = kwargs.find(name);
-  return it == kwargs.end() ? nullptr : it->second.c_str();
-}
-
-bool ParseU64(const char* text, uint64_t* out) {
-  if (!text || !*text || *text == '-') return false;
-  errno = 0;
-  char* end = nullptr;
-  unsigned long long v = std::strtoull(text, &end, 10);
-  if (errno || *end) return false;
-  *out = v;
-  return true;
-}
-
-bool ParseDouble(const char* text, double* out) {
-  if (!text || !*text) return false;
-  errno = 0;
-  char* end = nullptr;
-  double v = std::strtod(text, &end);
-  if (errno || *end || !thcwire::IsFinite(v)) return false;
-  *out = v;
-  return true;
-}
 
 // lhc_config.MAX_CAPACITY: keeps m (about 1.33 capacity) below 2^32.
 constexpr uint64_t kMaxCapacity = uint64_t{1} << 31;
@@ -53,32 +26,32 @@ std::string ParseLhcKwargs(const thcwire::Kwargs& kwargs, LhcSettings* out) {
   const char* v;
   uint64_t u = 0;
   double f = 0;
-  if (!(v = Find(kwargs, "lhc_capacity")))
+  if (!(v = thcwire::FindKwarg(kwargs, "lhc_capacity")))
     return "lhc_capacity is missing (byteps_thc.LhcConfig(...).to_kwargs() includes it)";
-  if (!ParseU64(v, &u) || u < 1 || u > kMaxCapacity)
+  if (!thcwire::ParseU64(v, &u) || u < 1 || u > kMaxCapacity)
     return std::string("lhc_capacity=") + v + " must be an integer in [1, 2^31]";
   s.capacity = u;
-  if ((v = Find(kwargs, "lhc_topk"))) {
-    if (!ParseDouble(v, &f) || f < 0 || f > 1)
+  if ((v = thcwire::FindKwarg(kwargs, "lhc_topk"))) {
+    if (!thcwire::ParseDouble(v, &f) || f < 0 || f > 1)
       return std::string("lhc_topk=") + v + " must be 0 (no sparsifier) or a fraction in (0, 1]";
     s.topk = f;
   }
-  if ((v = Find(kwargs, "lhc_topk_method"))) {
+  if ((v = thcwire::FindKwarg(kwargs, "lhc_topk_method"))) {
     std::string m(v);
     if (m != "exact" && m != "sampled") return "lhc_topk_method=" + m + " must be exact or sampled";
     s.sampled = m == "sampled";
   }
-  if ((v = Find(kwargs, "lhc_seed"))) {
-    if (!ParseU64(v, &u))
+  if ((v = thcwire::FindKwarg(kwargs, "lhc_seed"))) {
+    if (!thcwire::ParseU64(v, &u))
       return std::string("lhc_seed=") + v + " is not an unsigned 64-bit integer";
     s.seed = u;
   }
-  if ((v = Find(kwargs, "lhc_error_feedback"))) {
+  if ((v = thcwire::FindKwarg(kwargs, "lhc_error_feedback"))) {
     std::string b(v);
     if (b != "1" && b != "0") return "lhc_error_feedback=" + b + " must be 1 or 0";
     s.error_feedback = b == "1";
   }
-  if ((v = Find(kwargs, "lhc_nonfinite"))) {
+  if ((v = thcwire::FindKwarg(kwargs, "lhc_nonfinite"))) {
     std::string m(v);
     if (m != "propagate" && m != "error")
       return "lhc_nonfinite=" + m + " must be propagate or error";

@@ -11,9 +11,8 @@ namespace byteps {
 namespace common {
 namespace compressor {
 namespace thcwire {
-namespace {
 
-const char* Find(const Kwargs& kwargs, const char* name) {
+const char* FindKwarg(const Kwargs& kwargs, const char* name) {
   auto it = kwargs.find(name);
   return it == kwargs.end() ? nullptr : it->second.c_str();
 }
@@ -37,6 +36,8 @@ bool ParseDouble(const char* text, double* out) {
   *out = v;
   return true;
 }
+
+namespace {
 
 bool ParseBool(const std::string& text, bool* out) {
   if (text == "1" || text == "true" || text == "True" || text == "on" || text == "yes") {
@@ -93,17 +94,17 @@ std::string ParseThcKwargs(const Kwargs& kwargs, ThcSettings* out) {
   uint64_t u = 0;
   double f = 0;
 
-  if ((v = Find(kwargs, "thc_bits"))) {
+  if ((v = FindKwarg(kwargs, "thc_bits"))) {
     if (!ParseU64(v, &u) || u < 1 || u > 8) return std::string("thc_bits=") + v + " must be 1..8";
     c.bits = static_cast<int>(u);
   }
-  if ((v = Find(kwargs, "thc_granularity"))) {
+  if ((v = FindKwarg(kwargs, "thc_granularity"))) {
     if (!ParseU64(v, &u) || u > 0xFFFFFFFFull)
       return std::string("thc_granularity=") + v + " is not an unsigned 32-bit integer";
     c.granularity = static_cast<uint32_t>(u);
   }
-  const char* clip = Find(kwargs, "thc_clip");
-  const char* prob = Find(kwargs, "thc_overflow_prob");
+  const char* clip = FindKwarg(kwargs, "thc_clip");
+  const char* prob = FindKwarg(kwargs, "thc_overflow_prob");
   if (clip) {
     if (!ParseDouble(clip, &f) || f <= 0)
       return std::string("thc_clip=") + clip + " must be a positive number";
@@ -123,22 +124,22 @@ std::string ParseThcKwargs(const Kwargs& kwargs, ThcSettings* out) {
       return os.str();
     }
   }
-  if ((v = Find(kwargs, "thc_seed"))) {
+  if ((v = FindKwarg(kwargs, "thc_seed"))) {
     if (!ParseU64(v, &u)) return std::string("thc_seed=") + v + " is not an unsigned 64-bit integer";
     c.seed = u;
   }
-  if ((v = Find(kwargs, "thc_rotation_block"))) {
+  if ((v = FindKwarg(kwargs, "thc_rotation_block"))) {
     if (!ParseU64(v, &u) || (u & (u - 1)))
       return std::string("thc_rotation_block=") + v + " must be 0 (the default per partition) or a power of two";
     c.rotation_block = u;
   }
-  if ((v = Find(kwargs, "thc_tiling")) && std::string(v) != kTiling)
+  if ((v = FindKwarg(kwargs, "thc_tiling")) && std::string(v) != kTiling)
     return std::string("thc_tiling=") + v + ": this build tiles partitions as " + kTiling +
            "; every worker and the server must run the same byteps-thc";
-  if ((v = Find(kwargs, "thc_sums")) && std::string(v) != kSums)
+  if ((v = FindKwarg(kwargs, "thc_sums")) && std::string(v) != kSums)
     return std::string("thc_sums=") + v + ": this build publishes the sums as " + kSums +
            "; every worker and the server must run the same byteps-thc";
-  v = Find(kwargs, "thc_table");
+  v = FindKwarg(kwargs, "thc_table");
   if (!v) {
     return "thc_table is missing: the worker must send the solved table "
            "(byteps_thc.ThcConfig(...).to_kwargs() includes it)";

@@ -40,6 +40,13 @@ inline const char* NonfiniteName(bool error) { return error ? "error" : "propaga
 // True when kwargs select THC (compressor_type=thc).
 bool IsThcKwargs(const Kwargs& kwargs);
 
+// The kwargs parsers every codec's ParseXxxKwargs uses. FindKwarg: the value, or nullptr when
+// absent. ParseU64: a whole decimal (no sign); ParseDouble: a whole finite number. Each returns
+// false on anything else, leaving *out unchanged.
+const char* FindKwarg(const Kwargs& kwargs, const char* name);
+bool ParseU64(const char* text, uint64_t* out);
+bool ParseDouble(const char* text, double* out);
+
 // Parses compressor_type=thc, thc_bits, thc_granularity, thc_overflow_prob and/or thc_clip,
 // thc_seed, thc_rotation_block, thc_tiling and thc_sums (when sent, they must be kTiling and
 // kSums), thc_table (comma-separated, as solved by
