@@ -110,3 +110,50 @@ def test_bench_smoke_tiny_model_two_compressors(tmp_path):
     assert by["thc"]["wire_bytes_per_step"] < 0.4 * by["none"]["wire_bytes_per_step"]
     assert (tmp_path / "img" / "bench_step_time.png").exists()
     assert _namespaces(f"thcb{p.pid}-") == []
+
+
+def test_ncf_replay_is_priced_with_its_tables_density():
+    from benchmarks import bench_network
+    from byteps_thc.advisor import models
+    sc = bench_network._scenario("ncf", 10.0, 9.0, 10.0, 2)
+    one, union = models.densities("ncf", 2)
+    assert sc.density == one and sc.union_density == union
+    assert sc.tensors[:2] == [10**6 * 32] * 2
+    assert bench_network._scenario("resnet50", 10.0, 9.0, 174.0, 2).density is None
+
+
+@needs_net
+@pytest.mark.needs_fork
+def test_bench_smoke_tiny_model_lhc_topk(tmp_path):
+    out = tmp_path / "r.json"
+    p = subprocess.Popen(
+        [sys.executable, BENCH, "--workloads", "tiny", "--bandwidths", "1", "--compressors",
+         "none,lhc-topk-0.01", "--steps", "2", "--min-steps", "2", "--warmup", "1",
+         "--time-budget", "1.5", "--run-timeout", "45", "--json", str(out),
+         "--logdir", str(tmp_path / "logs"),
+         "--costs", os.path.join(ROOT, "tests", "data", "advise-costs-median3.json")],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        text, _ = p.communicate(timeout=110)
+    except subprocess.TimeoutExpired:
+        p.terminate()           # the script removes its namespaces on SIGTERM
+        text, _ = p.communicate(timeout=20)
+        pytest.fail("benchmark smoke run took over 110 s:\n" + text[-3000:])
+    assert p.returncode == 0, text[-3000:]
+    by = {r["compressor"]: r for r in json.loads(out.read_text())}
+    assert set(by) == {"none", "lhc-topk-0.01"}, text[-3000:]
+    for r in by.values():
+        assert r["status"] == "ok", r.get("error")
+    assert by["lhc-topk-0.01"]["lhc"] == {"capacity": 20480, "topk": 0.01,
+                                          "topk_method": "exact", "seed": 42}
+    # tiny's 1024x1024 and 256x1024 tensors: partitions of 1,024,000, 24,576 and 262,144 values
+    # (5,242,880 bytes of float32 each way), each sent as a 24-byte header, a bitmap of d/8 and
+    # a sketch of 4 m bytes (m = 27,309 for the 20,480 capacity, m = 3 ceil(d / 2.25) below it)
+    parts = (1024000, 24576, 262144)
+    lhc = sum(24 + 8 * -(-d // 64) + 4 * 3 * -(-min(d, 20480) * 4 // 9) for d in parts)
+    small = 4 * (1024 + 256 + 10 * 256 + 10)   # the bias and the last layer stay float32
+    # what each worker pushes and pulls, both ways, at most 10% over for headers and the max
+    # round (the uncompressed run carries its float32 bytes the same way)
+    got = by["lhc-topk-0.01"]["wire_bytes_per_step"] / by["none"]["wire_bytes_per_step"]
+    assert got < 1.1 * (lhc + small) / (4 * sum(parts) + small), got
+    assert _namespaces(f"thcb{p.pid}-") == []
