@@ -160,3 +160,15 @@ def test_bench_smoke_tiny_model_lhc_topk(tmp_path):
     got = by["lhc-topk-0.001"]["wire_bytes_per_step"] / by["none"]["wire_bytes_per_step"]
     assert got < 1.1 * (lhc + small) / (4 * sum(parts) + small), got
     assert _namespaces(f"thcb{p.pid}-") == []
+
+
+def test_a_run_the_fork_would_abort_is_refused_before_it_starts(tmp_path):
+    from benchmarks import bench_network
+    from byteps_thc.advisor import wire
+    from byteps_thc.advisor.costs import load_costs
+    a = bench_network.parse_args([])
+    costs = load_costs(os.path.join(ROOT, "tests", "data", "advise-costs-median3.json"))
+    # tiny's 24,576-value tail partition: a 112,332-byte payload at capacity 20,480
+    rec = bench_network.run_replay(None, a, "tiny", wire.parse_spec("lhc-topk-0.01"), 1.0, 0.95,
+                                   costs, str(tmp_path))
+    assert rec["status"] == "refused" and "partition of 24576 values" in rec["error"]

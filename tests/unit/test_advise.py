@@ -517,13 +517,17 @@ def test_advisor_picks_lhc_for_a_sparse_embedding_model_and_thc_for_a_dense_one(
     assert 0.1 + lhc_net + lhc_cpu + lhc_cpu / 16 < 0.1 + 2 * 16 * thc_down / bw
     assert min(preds.values(), key=lambda p: p.step_s).compressor.startswith("lhc")
     assert "lhc" in recommend(list(preds.values())).split(" wins")[0]
-    # dense: every value nonzero, so the sketch is sized for the whole partition and LHC sends
-    # more than float32 itself (4 bytes a value); THC's 4-bit pushes and 6-bit sums win
-    dense = {p.compressor.split("-")[0]: p for p in
-             predict(sc(tensors=tensors, density=[1.0]), specs, LHC_NS)}
+    # dense: every value nonzero, so the sketch is sized for the whole partition and LHC would
+    # send more than float32 itself (4 bytes a value): refused when asked for, left out of the
+    # defaults, and THC's 4-bit pushes and 6-bit sums win
+    dense_sc = sc(tensors=tensors, density=[1.0])
     assert _lhc_payload(P, P) > 4 * P
-    assert dense["lhc"].up_bytes == 16 * _lhc_payload(P, P) > dense["none"].up_bytes
-    assert min(dense.values(), key=lambda p: p.step_s).compressor == "thc"
+    with pytest.raises(ValueError, match="more than its 4096000 float32 bytes"):
+        predict(dense_sc, specs, LHC_NS)
+    assert "lhc" not in [p.compressor.split("-")[0] for p in predict(dense_sc, None, LHC_NS)
+                         if "topk" not in p.compressor]
+    dense = predict(dense_sc, [s for s in specs if s.name != "lhc"], LHC_NS)
+    assert dense[0].compressor == "thc"
     # and on a fast network with a slow codec nothing wins (the uncompressed path's copies are
     # the only CPU): 100 Gbit/s, LHC's nonzero work 10 us
     slow = HostCosts(dict(LHC_NS.per_elem, lhc_dec_nz=1e-5, thc_encode=50e-9), "slow")
@@ -584,3 +588,15 @@ def test_cli_takes_a_density(capsys, monkeypatch):
         cli.main(["--model-bytes", "400M", "--density", "2", "--bandwidth", "1",
                   "--compute-ms", "20"])
     assert "--density 2.0 must lie in [0, 1]" in capsys.readouterr().err
+
+
+def test_lhc_is_refused_where_a_payload_outgrows_its_partition():
+    # a partition of 24,576 values at capacity 20,480: 24 + 8 * 384 + 4 * 3 * 9103 = 112,332
+    # bytes, more than its 98,304 float32 bytes (BytePS's COMPRESS stage refuses that)
+    assert 24 + 8 * 384 + 4 * 3 * math.ceil(20480 / 2.25) > 4 * 24576
+    s = sc(tensors=[P + 24576])
+    with pytest.raises(ValueError, match="partition of 24576 values"):
+        predict_one(s, parse_spec("lhc-topk-0.01"), LHC_NS)
+    assert predict_one(s, parse_spec("lhc-topk-0.001"), LHC_NS).up_bytes > 0  # m = 3840 fits
+    assert all(p.compressor != "lhc-topk-0.01" for p in predict(s, None, LHC_NS))
+    assert any(p.compressor == "lhc-topk-0.01" for p in predict(sc(tensors=[P]), None, LHC_NS))
