@@ -25,7 +25,15 @@ from typing import Optional, Sequence
 from . import host
 from .costs import load_costs
 from .models import MODELS, densities, model_tensors
-from .predict import DEFAULT_EFFICIENCY, Prediction, Scenario, predict, recommend
+from .predict import (
+    DEFAULT_EFFICIENCY,
+    Prediction,
+    Scenario,
+    default_specs,
+    lhc_oversized,
+    predict,
+    recommend,
+)
 from .wire import parse_spec
 
 _UNITS = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "ki": 1024, "mi": 1 << 20, "gi": 1 << 30}
@@ -48,6 +56,20 @@ def format_table(preds: Sequence[Prediction]) -> str:
                     f"{p.server_cpu_s * 1e3:<5.0f}"
                     f"{p.up_bytes / 1e6:>8.2f}{p.down_bytes / 1e6:>9.2f}  {p.bound}")
     return "\n".join(rows)
+
+
+def _left_out(sc: Scenario, costs, workers: int) -> list:
+    """The default LHC specs predict() left out of `sc`, each with the reason."""
+    out = []
+    for s in default_specs(workers):
+        if s.name != "lhc":
+            continue
+        if not costs.has_lhc:
+            out.append(f"{s.label} (the costs have no LHC codec figures)")
+        elif lhc_oversized(sc, s):
+            out.append(f"{s.label} (its payload would outgrow a partition of "
+                       f"{lhc_oversized(sc, s)[0]} values)")
+    return out
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -104,6 +126,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         sc = Scenario(tensors, bw, compute_ms / 1e3, a.workers, a.servers, a.efficiency,
                       a.shared_host_cores, density=dens, union_density=union)
         preds = predict(sc, specs, costs)
+        left = [] if specs is not None else _left_out(sc, costs, a.workers)
         if a.json:
             out.append({"bandwidth_gbit": bw, "predictions": [p.as_dict() for p in preds],
                         "advice": recommend(preds)})
@@ -114,6 +137,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
               f"{bw:g} Gbit/s, compute {compute_ms:g} ms")
         print(format_table(preds))
         print(recommend(preds))
+        if left:
+            print("left out: " + "; ".join(left))
     if a.json:
         print(json.dumps({"costs_source": costs.source, "runs": out}, indent=1))
     else:

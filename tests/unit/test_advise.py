@@ -600,3 +600,17 @@ def test_lhc_is_refused_where_a_payload_outgrows_its_partition():
     assert predict_one(s, parse_spec("lhc-topk-0.001"), LHC_NS).up_bytes > 0  # m = 3840 fits
     assert all(p.compressor != "lhc-topk-0.01" for p in predict(s, None, LHC_NS))
     assert any(p.compressor == "lhc-topk-0.01" for p in predict(sc(tensors=[P]), None, LHC_NS))
+
+
+def test_cli_says_which_lhc_it_left_out(capsys, monkeypatch):
+    monkeypatch.setattr(host, "host_costs", lambda refresh=False: LHC_NS)
+    # resnet50 has 16,384-value tensors (256 x 64 x 1 x 1): LHC's sketch alone, sized for them,
+    # is 4 * 3 * ceil(16384 / 2.25) bytes, more than their 65,536 float32 bytes
+    assert 4 * 3 * math.ceil(16384 / 2.25) > 4 * 16384
+    assert 16384 in models.model_tensors("resnet50")
+    assert cli.main(["--model", "resnet50", "--bandwidth", "10"]) == 0
+    out = capsys.readouterr().out
+    assert "left out: lhc (its payload would outgrow a partition of 16384 values)" in out
+    monkeypatch.setattr(host, "host_costs", lambda refresh=False: ONE_NS)
+    assert cli.main(["--model", "ncf", "--bandwidth", "10"]) == 0
+    assert "lhc (the costs have no LHC codec figures)" in capsys.readouterr().out
