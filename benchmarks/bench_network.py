@@ -17,11 +17,15 @@ Workloads
       on each worker (default: the published per-GPU step time, see --compute-ms). Each step:
       sleep, then push_pull every gradient through byteps.torch's DistributedOptimizer and wait
       (the advisor's replay worker, byteps_thc.advisor.replay).
+  ncf     an NCF-like replay: two embedding tables of 10^6 rows x 32 whose gradient each step
+      holds only the rows a batch of 16384 Zipf(1.0) ids touches (about 0.8% per worker, 1.5%
+      of the two workers' sum), and a small MLP (byteps_thc.advisor.models.EMBEDDINGS).
   digits  real training: example/pytorch/train_digits.py (scikit-learn's bundled digits), accuracy
       against wall time and the time to --target-acc, at --train-bandwidth (1 Gbit/s).
   tiny    a 5 MB replay model for smoke tests.
 
-Compressors (same run): none, fp16, thc (defaults), thc-n (ThcConfig.for_workers(n)), onebit+ef,
+Compressors (same run): none, fp16, thc (defaults), thc-n (ThcConfig.for_workers(n)), lhc-cN
+(LHC, capacity N), lhc-topk-F (LHC after its own top-k F with error feedback), onebit+ef,
 topk-K+ef, randomk-K+ef, dithering-S (BytePS's registry; +ef adds its vanilla error feedback).
 
 Measured per run: step time (median, p90) over the measured steps, samples/s, bytes on the wire
@@ -63,7 +67,7 @@ from byteps_thc.launch.supervisor import ProcSpec, Supervisor, cpu_seconds, desc
 DIGITS = os.path.join(ROOT, "example", "pytorch", "train_digits.py")
 SCHED_PORT = 9300
 RESULT_TAG = replay.RESULT_TAG
-REPLAY_MODELS = ("resnet50", "vgg16", "bert-base")
+REPLAY_MODELS = ("resnet50", "vgg16", "bert-base", "ncf")
 TINY_SHAPES = [(1024, 1024), (1024,), (256, 1024), (256,), (10, 256), (10,)]
 DEFAULT_COMPRESSORS = ("none,fp16,thc,thc-n,onebit+ef,topk-0.01+ef,randomk-0.01+ef,dithering-8")
 # the environment a run decides itself (whatever the caller's says is dropped)
@@ -223,6 +227,11 @@ def _spec_info(spec: wire.CompressorSpec) -> dict:
         c = spec.thc_config()
         info["thc"] = {"bits": c.bits, "granularity": c.granularity,
                        "overflow_prob": c.overflow_prob}
+    if spec.name == "lhc":
+        c = spec.lhc_config()
+        info["error_feedback"] = c.error_feedback and c.topk is not None
+        info["lhc"] = {"capacity": c.capacity, "topk": c.topk, "topk_method": c.topk_method,
+                       "seed": c.seed}
     return info
 
 
@@ -230,8 +239,11 @@ def _scenario(model: str, bw: float, link_gbit: float, compute_ms: float,
               workers: int) -> predict.Scenario:
     """What the advisor is asked about a replay run: every process on this host's cores."""
     tensors = [math.prod(s) for s in replay_shapes(model)]
+    dens = models.densities(model, workers) if model in models.MODELS else None
     return predict.Scenario(tensors, bw, compute_ms / 1e3, workers,
-                            efficiency=min(1.0, link_gbit / bw), cores=os.cpu_count())
+                            efficiency=min(1.0, link_gbit / bw), cores=os.cpu_count(),
+                            density=dens[0] if dens else None,
+                            union_density=dens[1] if dens else None)
 
 
 def _predicted(pred: predict.Prediction) -> dict:
@@ -245,21 +257,26 @@ def run_replay(net, a, model: str, spec, bw: float, link_gbit: float, costs, log
     compute_ms = a.compute_ms if a.compute_ms is not None else replay_defaults(model)[0]
     batch = replay_defaults(model)[1]
     sc = _scenario(model, bw, link_gbit, compute_ms, a.workers)
-    pred = predict.predict_one(sc, spec, costs)
+    try:
+        pred = predict.predict_one(sc, spec, costs)
+    except ValueError as e:   # a configuration the fork cannot run (an LHC payload too large)
+        return dict(_spec_info(spec), workload=model, kind="replay", bandwidth_gbit=bw,
+                    link_gbit_measured=link_gbit, workers=a.workers, status="refused",
+                    error=str(e))
     steps = max(a.min_steps, min(a.steps, int(a.run_seconds / max(pred.step_s, 1e-3))))
     known = model in models.MODELS
     cmd = replay.worker_argv(steps, a.warmup, shapes=None if known else replay_shapes(model),
                              model=model if known else None, compute_ms=compute_ms,
                              interface="eth0")
     timeout = a.run_timeout or max(240.0, 90 + 8 * (steps + a.warmup) * pred.step_s)
-    t0 = time.time()
+    t0, load0 = time.time(), os.getloadavg()[0]
     res = run_cluster(net, a.workers, spec, cmd, logdir, timeout, a.nice,
                       tag=f"{model}{int(bw)}{spec.name[:4]}")
     rec = dict(_spec_info(spec), workload=model, kind="replay", bandwidth_gbit=bw,
                link_gbit_measured=link_gbit, latency_ms=a.latency_ms, workers=a.workers,
                compute_ms=compute_ms, batch_per_worker=batch, model_bytes=4 * sum(sc.tensors),
                status=res["status"], wall_s=time.time() - t0, loadavg=os.getloadavg()[0],
-               **_predicted(pred))
+               loadavg_start=load0, **_predicted(pred))
     results = replay.results(line for p in res["procs"] for _, line in p.lines)
     if res["status"] != "ok" or len(results) != a.workers:
         rec["status"] = "failed" if res["status"] == "ok" else res["status"]
@@ -398,7 +415,8 @@ def plot(records: Sequence[dict], outdir: str) -> List[str]:
                 xs = [p[0] for p in pts]
                 ys = [p[1] * 1e3 for p in pts]
                 err = [[0] * len(pts), [(p[2] - p[1]) * 1e3 for p in pts]]
-                style = "-o" if comp.startswith("thc") else "--."
+                style = "-o" if comp.startswith("thc") else \
+                    "-s" if comp.startswith("lhc") else "--."
                 ax.errorbar(xs, ys, yerr=err, fmt=style, capsize=2, label=comp, lw=1.2, ms=4)
             ax.set_xscale("log")
             ax.set_yscale("log")
@@ -443,7 +461,8 @@ def plot(records: Sequence[dict], outdir: str) -> List[str]:
         for row, (m, bw) in zip(axes, groups):
             rs = [r for r in replay if r["workload"] == m and r["bandwidth_gbit"] == bw]
             names = [r["compressor"] for r in rs]
-            colors = ["tab:orange" if n.startswith("thc") else "tab:blue" for n in names]
+            colors = ["tab:orange" if n.startswith("thc") else
+                      "tab:green" if n.startswith("lhc") else "tab:blue" for n in names]
             row[0].barh(names, [r["wire_bytes_per_step"] / 1e6 for r in rs], color=colors)
             row[0].set_xlabel("MB on the wire per step (all links, measured)")
             row[0].set_title(f"{m} at {bw:g} Gbit/s: bytes", fontsize=9)
@@ -531,7 +550,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--latency-ms", type=float, default=0.0,
                     help="added one-way latency per link (needs the netem qdisc)")
     ap.add_argument("--workloads", default="resnet50,vgg16,bert-base,digits",
-                    help="resnet50, vgg16, bert-base, digits, tiny")
+                    help="resnet50, vgg16, bert-base, ncf, digits, tiny")
     ap.add_argument("--compressors", default=DEFAULT_COMPRESSORS,
                     help=f"comma-separated ({DEFAULT_COMPRESSORS})")
     ap.add_argument("--compute-ms", type=float, default=None,

@@ -220,6 +220,9 @@ def measure(spec_text: str = "none", tensors: Sequence[int] = DEFAULT_TENSORS, s
 # for BytePS's compressors, the THC codec timed alone, F16C sums...).
 SMALL_TENSORS = (16000,) * 200         # 64000 bytes each: below BYTEPS_MIN_COMPRESS_BYTES
 CALIBRATED = ("fp16", "thc", "onebit+ef", "topk-0.01+ef", "randomk-0.01+ef", "dithering-8")
+# LHC is calibrated where its codec's costs were measured (costs.LHC_KEYS): after its own top-k,
+# since the calibration's gradients are dense
+CALIBRATED_LHC = ("lhc-topk-0.01",)
 # one tensor of 16 partitions, 64 MiB: above costs.LARGE_TENSOR_BYTES (and its fp16 cast too)
 LARGE_TENSORS = (16 * 1024000,)
 
@@ -227,15 +230,17 @@ LARGE_TENSORS = (16 * 1024000,)
 def calibrate(micro, steps: int = 20, log=None, codec=None) -> Dict[str, float]:
     """The advisor's stack costs (costs.STACK_KEYS) measured with real calibration clusters:
     two uncompressed runs (DEFAULT_TENSORS, SMALL_TENSORS), then one run per CALIBRATED
-    compressor on DEFAULT_TENSORS. `micro`: the advisor's per-element costs (costs.HostCosts);
-    `codec`: THC's codec costs (thc_encode, thc_decode, thc_add) of the codec this BytePS build
-    runs (default: micro's), so that thc_xw/thc_xs hold BytePS's THC stages beyond the codec
-    whatever codec the costs they are added to were measured with. See derive()."""
+    compressor (and CALIBRATED_LHC where `micro` has LHC's costs) on DEFAULT_TENSORS.
+    `micro`: the advisor's per-element costs (costs.HostCosts); `codec`: THC's codec costs
+    (thc_encode, thc_decode, thc_add) of the codec this BytePS build runs (default: micro's), so
+    that thc_xw/thc_xs hold BytePS's THC stages beyond the codec whatever codec the costs they
+    are added to were measured with. See derive()."""
+    texts = CALIBRATED + (CALIBRATED_LHC if micro.has_lhc else ())
     big = quiet_measure("none", DEFAULT_TENSORS, steps, log=log)
     small = quiet_measure("none", SMALL_TENSORS, steps, log=log)
-    runs = [quiet_measure(text, DEFAULT_TENSORS, steps, log=log) for text in CALIBRATED]
+    runs = [quiet_measure(text, DEFAULT_TENSORS, steps, log=log) for text in texts]
     large = [quiet_measure(text, LARGE_TENSORS, max(4, steps // 2), log=log)
-             for text in ("none",) + CALIBRATED]
+             for text in ("none",) + texts]
     return derive(big, small, runs, micro, codec, [big] + list(runs), large)
 
 

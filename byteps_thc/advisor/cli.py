@@ -3,6 +3,14 @@
     python -m byteps_thc.advisor --model-bytes 102M --bandwidth 10 --compute-ms 174 --workers 8
     python -m byteps_thc.advisor --model resnet50 --bandwidth 1,10,25 --compute-ms 174
     python -m byteps_thc.advisor --model vgg16 --bandwidth 10 --costs c.json   # costs from a file
+    python -m byteps_thc.advisor --model ncf --bandwidth 10        # sparse tables: LHC's case
+    python -m byteps_thc.advisor --model-bytes 400M --density 0.002 --bandwidth 10 --compute-ms 20
+
+LHC's bytes and work follow the nonzero fraction of the gradients: a known model's description
+gives it (models.EMBEDDINGS: the rows a Zipf batch touches), `--density` states it (every
+tensor's, per worker; the workers' supports taken as independent), and top-k LHC (lhc-topk-F)
+fixes it. Plain `lhc` is sized for the scenario and shown with its capacity (lhc-cN: pass
+`--lhc-capacity N` to bpslaunch).
 
 (`python -m byteps_thc.advise`, the former name, runs this too.)
 """
@@ -16,8 +24,16 @@ from typing import Optional, Sequence
 
 from . import host
 from .costs import load_costs
-from .models import MODELS, model_tensors
-from .predict import DEFAULT_EFFICIENCY, Prediction, Scenario, default_specs, predict, recommend
+from .models import MODELS, densities, model_tensors
+from .predict import (
+    DEFAULT_EFFICIENCY,
+    Prediction,
+    Scenario,
+    default_specs,
+    lhc_oversized,
+    predict,
+    recommend,
+)
 from .wire import parse_spec
 
 _UNITS = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "ki": 1024, "mi": 1 << 20, "gi": 1 << 30}
@@ -42,6 +58,20 @@ def format_table(preds: Sequence[Prediction]) -> str:
     return "\n".join(rows)
 
 
+def _left_out(sc: Scenario, costs, workers: int) -> list:
+    """The default LHC specs predict() left out of `sc`, each with the reason."""
+    out = []
+    for s in default_specs(workers):
+        if s.name != "lhc":
+            continue
+        if not costs.has_lhc:
+            out.append(f"{s.label} (the costs have no LHC codec figures)")
+        elif lhc_oversized(sc, s):
+            out.append(f"{s.label} (its payload would outgrow a partition of "
+                       f"{lhc_oversized(sc, s)[0]} values)")
+    return out
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m byteps_thc.advisor",
@@ -55,6 +85,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     help="line rate of each machine's link, Gbit/s (comma-separated for several)")
     ap.add_argument("--compute-ms", type=float, default=None,
                     help="forward+backward time per step (default: the model's published figure)")
+    ap.add_argument("--density", type=float, default=None, metavar="F",
+                    help="nonzero fraction of every gradient of one worker, in [0, 1] (default: "
+                         "the model's description; dense without one)")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--servers", type=int, default=1)
     ap.add_argument("--efficiency", type=float, default=DEFAULT_EFFICIENCY,
@@ -77,22 +110,35 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if a.compute_ms is None:
             ap.error("--compute-ms is needed with --model-bytes")
         compute_ms = a.compute_ms
-    specs = (default_specs(a.workers) if a.compressors is None else
+    dens = union = None
+    if a.density is not None:
+        if not 0.0 <= a.density <= 1.0:
+            ap.error(f"--density {a.density!r} must lie in [0, 1] (the fraction of a worker's "
+                     "gradient values that are nonzero; 0.01 for 1%)")
+        dens = [a.density] * len(tensors)
+    elif a.model and densities(a.model, a.workers):
+        dens, union = densities(a.model, a.workers)
+    specs = (None if a.compressors is None else
              [parse_spec(s, a.workers) for s in a.compressors.split(",") if s.strip()])
     costs = load_costs(a.costs) if a.costs else host.host_costs(refresh=a.refresh_costs)
     out = []
     for bw in [float(b) for b in str(a.bandwidth).split(",")]:
         sc = Scenario(tensors, bw, compute_ms / 1e3, a.workers, a.servers, a.efficiency,
-                      a.shared_host_cores)
+                      a.shared_host_cores, density=dens, union_density=union)
         preds = predict(sc, specs, costs)
+        left = [] if specs is not None else _left_out(sc, costs, a.workers)
         if a.json:
             out.append({"bandwidth_gbit": bw, "predictions": [p.as_dict() for p in preds],
                         "advice": recommend(preds)})
             continue
-        print(f"\n{sum(tensors) * 4 / 1e6:.1f} MB of gradients, {a.workers} workers, "
+        sparse = "" if dens is None else \
+            f", {sum(r * t for r, t in zip(dens, tensors)) / sum(tensors):.2%} nonzero"
+        print(f"\n{sum(tensors) * 4 / 1e6:.1f} MB of gradients{sparse}, {a.workers} workers, "
               f"{bw:g} Gbit/s, compute {compute_ms:g} ms")
         print(format_table(preds))
         print(recommend(preds))
+        if left:
+            print("left out: " + "; ".join(left))
     if a.json:
         print(json.dumps({"costs_source": costs.source, "runs": out}, indent=1))
     else:

@@ -23,12 +23,18 @@ import numpy as np
 
 from .. import reference
 from ..config import ThcConfig
-from .wire import KNOWN, REGISTRY_COMPRESSORS, CompressorSpec, thc_padded
+from .wire import (
+    REGISTRY_COMPRESSORS,
+    CompressorSpec,
+    lhc_nonzeros,
+    lhc_payload_bytes,
+    thc_padded,
+)
 
 # The cache of this host's costs (byteps_thc.advisor.host.host_costs); a file measured by another
 # version of the model (COST_VERSION) or on another kind of CPU (host_key) is measured anew.
 COST_CACHE = os.path.join(os.path.expanduser("~"), ".cache", "byteps_thc", "advise-costs.json")
-COST_VERSION = 8
+COST_VERSION = 9
 
 # Every cost is seconds per float32 element of a partition (per push where it says so).
 COST_KEYS = (
@@ -44,6 +50,16 @@ COST_KEYS = (
     "dither_c", "dither_d",
     "tcp_byte",      # kernel TCP send + receive per payload byte (only when processes share a host)
 )
+# LHC's codec, timed alone (measure_lhc_costs). Optional, so that costs files of before LHC still
+# load: without them the advisor prices no LHC (partition_cpu says so).
+LHC_KEYS = (
+    "lhc_enc",       # encode, per element of the partition (max_abs and bitmap scans)
+    "lhc_enc_nz",    # encode, per encoded nonzero (quantise, three bucket updates)
+    "lhc_topk",      # exact top-k with error feedback, per element (beyond lhc_enc)
+    "lhc_dec",       # decode, per element (the dense output)
+    "lhc_dec_nz",    # decode, per index of the summed support (peeling)
+    "lhc_add",       # the server ORs and adds one payload: per payload byte
+)
 # Measured with calibration clusters of the real stack (byteps_thc.advisor.calibrate): what the
 # per-element costs above leave out. Optional: without them (no BytePS here, injected costs) the
 # model falls back to `tcp_byte` for the stack and to the per-element costs alone.
@@ -53,7 +69,10 @@ STACK_KEYS = (
     "stack_part_w",  # one worker's CPU per partition it push_pulls
     "stack_part_s",  # the server's CPU per partition push
 ) + tuple(f"{c}_{r}" for c in ("fp16", "thc") + REGISTRY_COMPRESSORS for r in ("xw", "xs")) \
-  + tuple(f"{c}_{r}" for c in KNOWN for r in ("lw", "ls"))
+  + tuple(f"{c}_{r}" for c in ("none", "fp16", "thc") + REGISTRY_COMPRESSORS
+          for r in ("lw", "ls"))
+# lhc_xw/lhc_xs/lhc_lw/lhc_ls are what a calibration with LHC adds; they are left out of
+# STACK_KEYS so that calibrations of before LHC still count as complete (0 where absent)
 #   <c>_xw / <c>_xs: per compressed element, one worker's / the server's per push CPU beyond the
 #   per-element costs and the stack (the real code against its stand-in or its timing alone)
 #   <c>_lw / <c>_ls: the same per element of a tensor of at least LARGE_TENSOR_BYTES, beyond
@@ -74,6 +93,10 @@ class HostCosts:
 
     def get(self, key: str, default: float = 0.0) -> float:
         return self.per_elem.get(key, default)
+
+    @property
+    def has_lhc(self) -> bool:
+        return all(k in self.per_elem for k in LHC_KEYS)
 
     @property
     def has_stack(self) -> bool:
@@ -247,7 +270,66 @@ def measure_elem_costs(elems: int = 1 << 20, repeats: int = 5,
     c["sparse_d"] = _best_of(sparse_d, repeats) / elems
     c["dither_c"] = _best_of(dither_c, repeats) / elems
     c["dither_d"] = _best_of(dither_d, repeats) / elems
+    try:
+        c.update(measure_lhc_costs(repeats=repeats))
+        source += "+lhc codec"
+    except (ImportError, RuntimeError) as e:   # no LHC core: the advisor prices no LHC
+        source += f"; no LHC costs ({e})"[:120]
     return HostCosts(c, source + "; BytePS compressors: numpy stand-ins")
+
+
+LHC_PARTITION = 1024000          # one BytePS partition (BYTEPS_PARTITION_BYTES / 4)
+
+
+def measure_lhc_costs(elems: int = LHC_PARTITION, repeats: int = 5) -> Dict[str, float]:
+    """LHC_KEYS, timed on the real codec (LhcCodec/LhcAggregator, 2 workers) at two densities,
+    0.1% and 2%: each of encode and decode is a + b * count, solved from the two."""
+    from ..lhc_codec import LhcAggregator, LhcCodec, backend
+    from ..lhc_config import LhcConfig
+    if backend() != "core":
+        raise RuntimeError("LHC's C++ core is not built (make ext): the reference's times would "
+                           "price a codec BytePS does not run")
+    rng = np.random.default_rng(3)
+    rows = []
+    for rho in (0.001, 0.02):
+        xs = []
+        for r in range(2):
+            x = np.zeros(elems, np.float32)
+            idx = rng.choice(elems, int(rho * elems), replace=False)
+            x[idx] = rng.standard_normal(idx.size).astype(np.float32)
+            xs.append(x)
+        union = int(np.count_nonzero(xs[0] != 0) + np.count_nonzero(xs[1] != 0)
+                    - np.count_nonzero((xs[0] != 0) & (xs[1] != 0)))
+        cfg = LhcConfig(capacity=union)
+        codecs = [LhcCodec(cfg, elems, rank=r) for r in range(2)]
+        m = max(c.max_abs(x) for c, x in zip(codecs, xs))
+        pays = [c.encode(x, m, num_workers=2) for c, x in zip(codecs, xs)]
+        agg = LhcAggregator(cfg, elems, num_workers=2)
+
+        def add():
+            agg.reset()
+            agg.add(pays[0])
+        t_add = _best_of(add, repeats)
+        agg.reset()
+        for p in pays:
+            agg.add(p)
+        total = agg.result()
+        t_enc = _best_of(lambda: codecs[0].encode(xs[0], m, num_workers=2), repeats)
+        t_dec = _best_of(lambda: codecs[0].decode(total, m, num_workers=2), repeats)
+        rows.append((np.count_nonzero(xs[0]), union, t_enc, t_dec, t_add / pays[0].size))
+    (k1, u1, e1, d1, a1), (k2, u2, e2, d2, a2) = rows
+    c = {"lhc_enc_nz": max(0.0, (e2 - e1) / (k2 - k1)),
+         "lhc_dec_nz": max(0.0, (d2 - d1) / (u2 - u1))}
+    c["lhc_enc"] = max(0.0, e1 - c["lhc_enc_nz"] * k1) / elems
+    c["lhc_dec"] = max(0.0, d1 - c["lhc_dec_nz"] * u1) / elems
+    c["lhc_add"] = min(a1, a2)
+    dense = rng.standard_normal(elems).astype(np.float32)
+    cfg = LhcConfig(capacity=2 * LhcConfig(topk=0.01).keep(elems), topk=0.01)
+    codec = LhcCodec(cfg, elems, rank=0)
+    t_top = _best_of(lambda: codec.encode(dense, codec.max_abs(dense), num_workers=2), repeats)
+    k = cfg.keep(elems)
+    c["lhc_topk"] = max(0.0, t_top - c["lhc_enc_nz"] * k) / elems - c["lhc_enc"]
+    return c
 
 
 def host_key() -> str:
@@ -271,10 +353,26 @@ def host_key() -> str:
 
 
 def partition_cpu(spec: CompressorSpec, elems: int, compressed: bool, n: int,
-                  costs: HostCosts) -> Tuple[float, float]:
+                  costs: HostCosts, density: float = 1.0,
+                  union: Optional[float] = None) -> Tuple[float, float]:
     """(one worker's seconds, the server's seconds) for one partition of `elems` float32 values
     compressed (or not) by `spec` among `n` workers: the per-element costs alone, without the
-    stack (STACK_KEYS)."""
+    stack (STACK_KEYS). `density`, `union`: the nonzero fraction of one worker's gradient and of
+    the sum (LHC's work follows them; wire.lhc_nonzeros)."""
+    if spec.name == "lhc" and compressed:
+        missing = [k for k in LHC_KEYS if k not in costs.per_elem]
+        if missing:
+            raise ValueError(f"costs ({costs.source}) without LHC's {', '.join(missing)}: "
+                             "measure them (python -m byteps_thc.advisor --refresh-costs) or "
+                             "leave lhc out of the compressors")
+        cfg = spec.lhc_config()
+        mine, total = lhc_nonzeros(spec, elems, density, n, union)
+        w = (costs["lhc_enc"] + costs["lhc_dec"]) * elems + costs["lhc_enc_nz"] * mine \
+            + costs["lhc_dec_nz"] * total
+        if cfg.topk is not None:
+            w += costs["lhc_topk"] * elems
+        # no host copies: LHC takes THC's zero-copy stages on a CPU-only worker
+        return w, n * costs["lhc_add"] * lhc_payload_bytes(cfg, elems)
     if spec.name == "thc" and compressed:
         # the codec transforms, quantises and sums the padded partition; no copies (patch 0043:
         # it reads the input tensor and decodes into the output)

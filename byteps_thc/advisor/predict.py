@@ -21,18 +21,29 @@ server, per compressor, given the bytes (byteps_thc.advisor.wire) and costs (.co
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import List, Optional, Sequence, Tuple
 
 from .. import env
+from ..lhc_config import LhcConfig
 from .costs import LARGE_TENSOR_BYTES, HostCosts, partition_cpu
 from .wire import (
     CompressorSpec,
     codec_elems,
     dithering_bits_per_element,
+    lhc_fallback_indices,
+    lhc_nonzeros,
+    lhc_payload_bytes,
     parse_spec,
-    partitions,
+    partitions_with_density,
     wire_bytes,
 )
+
+# plain `lhc` is sized for this many times the largest expected summed support of a partition:
+# a partition's support varies around its expectation (for the ncf tables, by about 1/sqrt of its
+# rows touched), and a sketch at LhcConfig's design load 0.75 for 1.25x the mean still peels a
+# support 1.33x the mean (load 1.0 * 0.8185 / 0.75)
+LHC_CAPACITY_MARGIN = 1.25
 
 DEFAULT_EFFICIENCY = 0.93              # TCP goodput / line rate (measured 0.95 at 1 Gbit/s, tbf)
 
@@ -49,6 +60,10 @@ class Scenario:
     cores:          None: every process has its own machine; an int: all processes share a host
                     with this many cores (the emulated benchmark)
     latency_s:      one-way latency of a link
+    density:        per tensor, the nonzero fraction of one worker's gradient (None: all dense);
+                    LHC's bytes and work follow it (models.densities for a known model)
+    union_density:  per tensor, that of the workers' summed gradient (None: independent
+                    supports, 1 - (1 - density)^n)
     """
     tensors: Sequence[int]
     bandwidth_gbit: float
@@ -61,8 +76,21 @@ class Scenario:
     partition_bytes: int = env.PARTITION_BYTES.default
     min_compress_bytes: int = env.MIN_COMPRESS_BYTES.default
     worker_threads: int = 1      # BYTEPS_THREADPOOL_SIZE per worker (compression threads)
+    density: Optional[Sequence[float]] = None
+    union_density: Optional[Sequence[float]] = None
 
     def __post_init__(self):
+        for name in ("density", "union_density"):
+            v = getattr(self, name)
+            if v is None:
+                continue
+            if len(v) != len(self.tensors):
+                raise ValueError(f"{name}: {len(v)} values for {len(self.tensors)} tensors "
+                                 "(one per tensor)")
+            bad = [x for x in v if not 0.0 <= float(x) <= 1.0]
+            if bad:
+                raise ValueError(f"{name} {bad[0]!r} must lie in [0, 1] (the fraction of a "
+                                 "gradient's values that are nonzero)")
         if self.bandwidth_gbit <= 0:
             raise ValueError("bandwidth_gbit must be positive")
         if self.compute_s < 0:
@@ -105,17 +133,58 @@ def _stack_extra(spec: CompressorSpec, elems: int, compressed: bool, n: int,
 
 
 
+def size_lhc(sc: Scenario, spec: CompressorSpec) -> CompressorSpec:
+    """Plain `lhc` (no capacity given) sized for the scenario: the capacity
+    LHC_CAPACITY_MARGIN times the largest expected summed support of a compressed partition,
+    rounded up to a multiple of 1024 (what `--lhc-capacity` should be); any other spec as it is."""
+    if spec.name != "lhc" or spec.lhc is not None:
+        return spec
+    parts = partitions_with_density(sc.tensors, sc.density, sc.union_density,
+                                    sc.partition_bytes, sc.min_compress_bytes)
+    bare = CompressorSpec("lhc", lhc=LhcConfig(capacity=1))
+    need = max([lhc_nonzeros(bare, e, rho, sc.workers, rho_u)[1]
+                for e, c, rho, rho_u in parts if c] or [1.0])
+    cap = max(1024, 1024 * math.ceil(LHC_CAPACITY_MARGIN * need / 1024))
+    return CompressorSpec("lhc", lhc=LhcConfig(capacity=cap), label=f"lhc-c{cap}")
+
+
+def lhc_oversized(sc: Scenario, spec: CompressorSpec) -> List[int]:
+    """The sizes of the compressed partitions whose LHC payload is larger than their float32
+    bytes: BytePS's COMPRESS stage requires a compressor's output to fit its partition, so LHC
+    cannot run on such a model with this capacity (docs/LHC.md, "Not yet done")."""
+    if spec.name != "lhc":
+        return []
+    cfg = size_lhc(sc, spec).lhc_config()
+    sizes = {e for e, c, _, _ in partitions_with_density(
+        sc.tensors, None, None, sc.partition_bytes, sc.min_compress_bytes) if c}
+    return sorted(e for e in sizes if lhc_payload_bytes(cfg, e) > 4 * e)
+
+
 def predict_one(sc: Scenario, spec: CompressorSpec, costs: HostCosts) -> Prediction:
     n = sc.workers
-    parts = partitions(sc.tensors, sc.partition_bytes, sc.min_compress_bytes)
+    spec = size_lhc(sc, spec)
+    big = lhc_oversized(sc, spec)
+    if big:
+        raise ValueError(
+            f"{spec.label}: a partition of {big[0]} values would get an LHC payload of "
+            f"{lhc_payload_bytes(spec.lhc_config(), big[0])} bytes, more than its {4 * big[0]} "
+            "float32 bytes, which BytePS's COMPRESS stage refuses (it aborts the worker); "
+            f"use a smaller capacity (lhc-c<N>) or a BYTEPS_MIN_COMPRESS_BYTES above "
+            f"{4 * big[-1]}")
+    parts = partitions_with_density(sc.tensors, sc.density, sc.union_density,
+                                    sc.partition_bytes, sc.min_compress_bytes)
     rate = None
     if spec.name == "dithering":
         rate = dithering_bits_per_element(int(spec.k))
     up = down = wcpu = scpu = 0.0
     fill_bytes = fill_cpu = 0.0
-    for elems, comp in parts:
-        u, d = wire_bytes(spec, elems, comp, n, rate)
-        w, s = partition_cpu(spec, elems, comp, n, costs)
+    fallback = False
+    for elems, comp, rho, rho_u in parts:
+        u, d = wire_bytes(spec, elems, comp, n, rate, rho, rho_u)
+        w, s = partition_cpu(spec, elems, comp, n, costs, rho, rho_u)
+        if spec.name == "lhc" and comp:
+            fallback |= lhc_fallback_indices(
+                spec, elems, lhc_nonzeros(spec, elems, rho, n, rho_u)[1]) > 0
         xw, xs = _stack_extra(spec, elems, comp, n, costs)
         w, s = max(0.0, w + xw), max(0.0, s + xs)     # the real code may beat its stand-in
         up, down, wcpu, scpu = up + u, down + d, wcpu + w, scpu + s
@@ -146,7 +215,9 @@ def predict_one(sc: Scenario, spec: CompressorSpec, costs: HostCosts) -> Predict
         tcp = n * (up + down) * costs.per_elem.get("tcp_byte", 0.0)
         cpu = max(wcpu_t, scpu_t, (n * wcpu + scpu + tcp) / sc.cores)
     cpu += fill_cpu
-    rtts = 2 if spec.name == "thc" and any(c for _, c in parts) else 1
+    # THC and LHC add the max round's round trip; LHC's exact fallback one more
+    rtts = 2 if spec.name in ("thc", "lhc") and any(p[1] for p in parts) else 1
+    rtts += 1 if fallback else 0
     comm = max(net, cpu) + rtts * 2 * sc.latency_s
     step = sc.compute_s + comm
     return Prediction(spec.label, step, sc.compute_s, net, wcpu_t, scpu_t, up, down,
@@ -155,10 +226,12 @@ def predict_one(sc: Scenario, spec: CompressorSpec, costs: HostCosts) -> Predict
 
 def predict(sc: Scenario, specs: Optional[Sequence[CompressorSpec]],
             costs: HostCosts) -> List[Prediction]:
-    """Predictions for every compressor of `specs` (None: default_specs), fastest first;
+    """Predictions for every compressor of `specs` (None: default_specs, without LHC where the
+    costs have none or a partition could not take it, `lhc_oversized`), fastest first;
     `speedup` is relative to `none`. `costs`: e.g. byteps_thc.advisor.host.host_costs()."""
-    if specs is None:
-        specs = default_specs(sc.workers)
+    if specs is None:   # LHC where the costs price it and the model's partitions can take it
+        specs = [s for s in default_specs(sc.workers)
+                 if s.name != "lhc" or (costs.has_lhc and not lhc_oversized(sc, s))]
     preds = [predict_one(sc, s, costs) for s in specs]
     base = predict_one(sc, CompressorSpec("none"), costs).step_s
     for p in preds:
@@ -168,8 +241,8 @@ def predict(sc: Scenario, specs: Optional[Sequence[CompressorSpec]],
 
 def default_specs(workers: int) -> List[CompressorSpec]:
     return [parse_spec(s, workers) for s in
-            ("none", "fp16", "thc", "thc-n", "onebit+ef", "topk-0.01+ef", "randomk-0.01+ef",
-             "dithering-8")]
+            ("none", "fp16", "thc", "thc-n", "lhc", "lhc-topk-0.01", "onebit+ef", "topk-0.01+ef",
+             "randomk-0.01+ef", "dithering-8")]
 
 
 def recommend(preds: Sequence[Prediction]) -> str:

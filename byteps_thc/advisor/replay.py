@@ -13,6 +13,11 @@ RESULT_TAG + JSON:
             ps-lite, TCP sends made in its system calls) over the window (os.times)
     c0, c1  with --interface: that interface's rx_bytes/tx_bytes at the start and the end
 
+A model with embedding tables (models.EMBEDDINGS, e.g. ncf) gets, on those tables, a fresh sparse
+gradient every step: the rows a batch of Zipf-distributed ids touches (drawn with a seed of the
+rank and the step, the ranks scattered over the rows by a fixed permutation) hold random values,
+every other row is zero.
+
 The advisor's calibration clusters (byteps_thc.advisor.calibrate) run it without compute; the
 emulated-network benchmark (benchmarks/bench_network.py) with the models' shapes and compute.
 """
@@ -25,7 +30,7 @@ import sys
 import time
 from typing import Dict, Iterable, List, Optional, Sequence
 
-from .models import MODELS, model_shapes
+from .models import EMBEDDINGS, MODELS, Embedding, model_shapes, zipf_probabilities
 
 RESULT_TAG = "REPLAY_RESULT "
 
@@ -71,10 +76,36 @@ def _cpu_seconds() -> float:
     return t.user + t.system
 
 
+class _SparseRows:
+    """One embedding table's per-step gradient: zero but in the rows this step's batch touched."""
+
+    def __init__(self, emb: Embedding, shape: Sequence[int], rank: int):
+        import numpy as np
+        self.emb, self.rows, self.dim = emb, int(shape[0]), int(shape[1])
+        self.cdf = np.cumsum(zipf_probabilities(self.rows, emb.zipf_s))
+        self.perm = np.random.default_rng(7 + emb.tensor).permutation(self.rows)
+        self.rank = rank
+
+    def fill(self, grad, step: int) -> None:
+        import numpy as np
+        import torch
+        # push_pull left the last step's result in `grad`: every worker's rows and, from a lossy
+        # compressor, values elsewhere too
+        grad.zero_()
+        rng = np.random.default_rng([self.emb.tensor, self.rank, step])
+        ranks = np.minimum(np.searchsorted(self.cdf, rng.random(self.emb.lookups)),
+                           self.rows - 1)
+        rows = np.unique(self.perm[ranks])
+        vals = rng.standard_normal((rows.size, self.dim), dtype=np.float32) * np.float32(0.01)
+        grad.index_copy_(0, torch.from_numpy(rows), torch.from_numpy(vals))
+
+
 def run(shapes: Sequence[Sequence[int]], steps: int, warmup: int, compute_s: float = 0.0,
-        interface: Optional[str] = None, label: str = "replay") -> dict:
+        interface: Optional[str] = None, label: str = "replay",
+        embeddings: Sequence[Embedding] = ()) -> dict:
     """The replay loop inside a worker: prints its result line (the fields above) before BytePS
-    shuts down (which may take a while on a busy host), and returns the result."""
+    shuts down (which may take a while on a busy host), and returns the result. `embeddings`:
+    the tables among `shapes` that get a sparse gradient each step (class _SparseRows)."""
     # torch and the fork load only inside a worker: the driver side imports this module for its
     # command line and result tag, where neither may be installed
     import torch
@@ -87,17 +118,22 @@ def run(shapes: Sequence[Sequence[int]], steps: int, warmup: int, compute_s: flo
     named = [(f"layer{i:03d}", p) for i, p in enumerate(params)]
     opt = bps.DistributedOptimizer(torch.optim.SGD(params, lr=0.0), named_parameters=named)
     gen = torch.Generator().manual_seed(1000 + rank)
-    grads = [torch.randn(tuple(s), generator=gen).mul_(0.01) for s in shapes]
+    sparse = {e.tensor: _SparseRows(e, shapes[e.tensor], rank) for e in embeddings}
+    grads = [None if i in sparse else torch.randn(tuple(s), generator=gen).mul_(0.01)
+             for i, s in enumerate(shapes)]
     times: List[float] = []
     w0 = cpu0 = 0.0
     c0: Dict[str, int] = {}
     total = warmup + steps
     for step in range(total):
         with torch.no_grad():
-            for p, g in zip(params, grads):   # a fresh gradient (outside the timed step)
+            for i, (p, g) in enumerate(zip(params, grads)):   # outside the timed step
                 if p.grad is None:
                     p.grad = torch.zeros_like(p)
-                p.grad.copy_(g)
+                if g is None:
+                    sparse[i].fill(p.grad, step)
+                else:
+                    p.grad.copy_(g)
         if step == warmup:
             c0 = _counters(interface) if interface else {}
             w0, cpu0 = time.time(), _cpu_seconds()
@@ -134,7 +170,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     a = ap.parse_args(argv)
     shapes = model_shapes(a.model) if a.model else a.shapes
     run(shapes, a.steps, a.warmup, a.compute_ms / 1e3, a.interface,
-        label=f"replay {a.model or 'shapes'}")
+        label=f"replay {a.model or 'shapes'}", embeddings=EMBEDDINGS.get(a.model, ()))
     return 0
 
 

@@ -110,3 +110,65 @@ def test_bench_smoke_tiny_model_two_compressors(tmp_path):
     assert by["thc"]["wire_bytes_per_step"] < 0.4 * by["none"]["wire_bytes_per_step"]
     assert (tmp_path / "img" / "bench_step_time.png").exists()
     assert _namespaces(f"thcb{p.pid}-") == []
+
+
+def test_ncf_replay_is_priced_with_its_tables_density():
+    from benchmarks import bench_network
+    from byteps_thc.advisor import models
+    sc = bench_network._scenario("ncf", 10.0, 9.0, 10.0, 2)
+    one, union = models.densities("ncf", 2)
+    assert sc.density == one and sc.union_density == union
+    assert sc.tensors[:2] == [10**6 * 32] * 2
+    assert bench_network._scenario("resnet50", 10.0, 9.0, 174.0, 2).density is None
+
+
+@needs_net
+@pytest.mark.needs_fork
+def test_bench_smoke_tiny_model_lhc_topk(tmp_path):
+    out = tmp_path / "r.json"
+    p = subprocess.Popen(
+        [sys.executable, BENCH, "--workloads", "tiny", "--bandwidths", "1", "--compressors",
+         "none,lhc-topk-0.001", "--steps", "2", "--min-steps", "2", "--warmup", "1",
+         "--time-budget", "1.5", "--run-timeout", "45", "--json", str(out),
+         "--logdir", str(tmp_path / "logs"),
+         "--costs", os.path.join(ROOT, "tests", "data", "advise-costs-median3.json")],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        text, _ = p.communicate(timeout=110)
+    except subprocess.TimeoutExpired:
+        p.terminate()           # the script removes its namespaces on SIGTERM
+        text, _ = p.communicate(timeout=20)
+        pytest.fail("benchmark smoke run took over 110 s:\n" + text[-3000:])
+    assert p.returncode == 0, text[-3000:]
+    by = {r["compressor"]: r for r in json.loads(out.read_text())}
+    assert set(by) == {"none", "lhc-topk-0.001"}, text[-3000:]
+    for r in by.values():
+        assert r["status"] == "ok", r.get("error")
+    # capacity 2 x 1024 (two workers' top-k of a full partition): every partition's payload,
+    # the tail of 24,576 values included, stays under its float32 bytes, which the fork's
+    # COMPRESS stage requires of a compressor
+    assert by["lhc-topk-0.001"]["lhc"] == {"capacity": 2048, "topk": 0.001,
+                                           "topk_method": "exact", "seed": 42}
+    # tiny's 1024x1024 and 256x1024 tensors: partitions of 1,024,000, 24,576 and 262,144 values
+    # (5,242,880 bytes of float32 each way), each sent as a 24-byte header, a bitmap of d/8 and
+    # a sketch of 4 m bytes: m = 3 s, s = max(ceil(2048 / 2.25), ceil(cbrt(2048^2 / 2e-3))) = 1280
+    parts = (1024000, 24576, 262144)
+    lhc = sum(24 + 8 * -(-d // 64) + 4 * 3 * 1280 for d in parts)
+    small = 4 * (1024 + 256 + 10 * 256 + 10)   # the bias and the last layer stay float32
+    # what each worker pushes and pulls, both ways, at most 10% over for headers and the max
+    # round (the uncompressed run carries its float32 bytes the same way)
+    got = by["lhc-topk-0.001"]["wire_bytes_per_step"] / by["none"]["wire_bytes_per_step"]
+    assert got < 1.1 * (lhc + small) / (4 * sum(parts) + small), got
+    assert _namespaces(f"thcb{p.pid}-") == []
+
+
+def test_a_run_the_fork_would_abort_is_refused_before_it_starts(tmp_path):
+    from benchmarks import bench_network
+    from byteps_thc.advisor import wire
+    from byteps_thc.advisor.costs import load_costs
+    a = bench_network.parse_args([])
+    costs = load_costs(os.path.join(ROOT, "tests", "data", "advise-costs-median3.json"))
+    # tiny's 24,576-value tail partition: a 112,332-byte payload at capacity 20,480
+    rec = bench_network.run_replay(None, a, "tiny", wire.parse_spec("lhc-topk-0.01"), 1.0, 0.95,
+                                   costs, str(tmp_path))
+    assert rec["status"] == "refused" and "partition of 24576 values" in rec["error"]

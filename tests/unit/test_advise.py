@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from byteps_thc import ThcConfig
@@ -33,9 +34,12 @@ def sc(**kw):
 
 
 def test_model_shapes_have_the_published_parameter_counts():
-    assert set(PARAM_COUNTS) == set(models.MODELS)
+    assert set(PARAM_COUNTS) | {"ncf"} == set(models.MODELS)
     for name, count in PARAM_COUNTS.items():
         assert sum(models.model_tensors(name)) == count
+    # ncf is our own description: two tables of 10^6 x 32 and a 64-128-64-32-1 tower
+    mlp = 64 * 128 + 128 + 128 * 64 + 64 + 64 * 32 + 32 + 32 + 1
+    assert sum(models.model_tensors("ncf")) == 2 * 10**6 * 32 + mlp
     assert len(models.model_shapes("resnet50")) == 161     # weights, biases, BN gamma/beta
     assert len(models.model_shapes("bert-base")) == 199
 
@@ -419,3 +423,194 @@ def test_the_calibration_command_line():
     new = _run("byteps_thc.advisor.calibrate", "--help")
     assert new.returncode == 0, new.stderr
     assert "--calibrate" in new.stdout
+
+
+# ------------------------------------------------------------------------------------------------
+# LHC
+# ------------------------------------------------------------------------------------------------
+# ONE_NS plus LHC's codec: 1 ns per element to encode and to decode, 100 ns per nonzero each way
+LHC_NS = HostCosts(dict(ONE_NS.per_elem, lhc_enc=1e-9, lhc_dec=1e-9, lhc_enc_nz=100e-9,
+                        lhc_dec_nz=100e-9, lhc_topk=5e-9, lhc_add=1e-10), "lhc")
+P = 1024000            # one BytePS partition (4096000 bytes)
+
+
+def _lhc_payload(d, nonzeros):
+    """docs/LHC.md, by hand: 24-byte header, 8 ceil(d/64) of bitmap, 4 m of sketch, m = 3 s with
+    s = max(ceil(N / 2.25), ceil(cbrt(N^2 / 2e-3))), N = min(capacity, d)."""
+    n = min(nonzeros, d)
+    s = max(math.ceil(n / 2.25), math.ceil((n * n / 2e-3) ** (1 / 3) - 1e-9))
+    return 24 + 8 * math.ceil(d / 64) + 4 * 3 * s
+
+
+def test_lhc_specs_parse_and_carry_their_flags():
+    assert parse_spec("lhc").lhc is None                 # sized by the advisor
+    c = parse_spec("lhc-c20480")
+    assert (c.label, c.lhc.capacity, c.lhc.topk) == ("lhc-c20480", 20480, None)
+    t = parse_spec("lhc-topk-0.01", workers=4)           # never overloads: n * k of a partition
+    assert (t.label, t.lhc.topk, t.lhc.capacity) == ("lhc-topk-0.01", 0.01, 4 * 10240)
+    assert parse_spec("lhc-topk-0.01-c30000").lhc.capacity == 30000
+    assert wire.launcher_flags(t) == ["--compressor", "lhc", "--lhc-capacity", "40960",
+                                      "--lhc-seed", "42", "--lhc-topk", "0.01",
+                                      "--lhc-topk-method", "exact"]
+    for bad in ("lhc-x", "lhc-topk", "lhc-topk-2", "lhc-c0", "lhc-topk-0.01-c"):
+        with pytest.raises(ValueError):
+            parse_spec(bad)
+
+
+def test_lhc_wire_bytes_are_the_codecs_payload():
+    for d, cap in ((P, 20480), (P, 1000), (1000, 20480), (589824, 65536)):
+        b = _lhc_payload(d, cap)
+        assert wire.wire_bytes(parse_spec(f"lhc-c{cap}"), d, True, 2, density=1e-4) == (b, b)
+    # below BYTEPS_MIN_COMPRESS_BYTES a tensor travels as float32
+    assert wire.wire_bytes(parse_spec("lhc-c20480"), 1000, False, 2) == (4000, 4000)
+
+
+def test_lhc_overload_adds_the_fallback_round_at_the_2core_fraction():
+    spec = parse_spec("lhc-c20480")
+    m = 3 * math.ceil(20480 / 2.25)
+    base = _lhc_payload(P, 20480)
+    union = round(0.90 * m)                       # load 0.90: the 2-core is 0.661 of the union
+    up, down = wire.wire_bytes(spec, P, True, 2, density=union / P, union=union / P)
+    assert up == down
+    assert (up - base - 16) / (4 * union) == pytest.approx(0.661, abs=0.003)
+    under = round(0.80 * m)                       # below c_3 = 0.8185: no fallback
+    assert wire.wire_bytes(spec, P, True, 2, density=under / P, union=under / P)[0] == base
+
+
+def test_lhc_work_follows_the_nonzeros():
+    spec = parse_spec("lhc-c20480")
+    rho, n = 0.004, 2
+    union = 1 - (1 - rho) ** n                    # independent supports
+    w, s = costs.partition_cpu(spec, P, True, n, LHC_NS, density=rho)
+    assert w == pytest.approx(2e-9 * P + 100e-9 * rho * P + 100e-9 * union * P, rel=1e-9)
+    assert s == pytest.approx(n * 1e-10 * _lhc_payload(P, 20480), rel=1e-9)
+    # top-k keeps k = 1% of each worker's dense partition and pays its selection per element
+    top = parse_spec("lhc-topk-0.01")
+    k = 10240
+    w, _ = costs.partition_cpu(top, P, True, n, LHC_NS)
+    kept_union = P * (1 - (1 - k / P) ** n)
+    assert w == pytest.approx((2e-9 + 5e-9) * P + 100e-9 * (k + kept_union), rel=1e-9)
+    with pytest.raises(ValueError, match="lhc_enc"):   # costs of before LHC: a clear refusal
+        costs.partition_cpu(spec, P, True, n, ONE_NS)
+    assert all(p.compressor != "lhc" for p in predict(sc(), None, ONE_NS))
+
+
+def test_advisor_picks_lhc_for_a_sparse_embedding_model_and_thc_for_a_dense_one():
+    tensors = [16 * P]                             # 16 partitions of one table
+    specs = [parse_spec(t) for t in ("none", "fp16", "thc", "lhc")]
+    bw = 1.25e8                                    # 1 Gbit/s, efficiency 1: bytes/s
+    rho = 0.002
+    sparse = sc(tensors=tensors, density=[rho])
+    preds = {p.compressor.split("-")[0]: p for p in predict(sparse, specs, LHC_NS)}
+    # plain lhc is sized for 1.25x the expected summed support of a partition
+    union = P * (1 - (1 - rho) ** 2)
+    cap = 1024 * math.ceil(1.25 * union / 1024)
+    assert preds["lhc"].compressor == f"lhc-c{cap}"
+    lhc_b = _lhc_payload(P, cap)
+    thc_down = (1 << 20) * 6 / 8                   # 1,024,000 is rotated as 2^20; 6-bit sums
+    assert preds["lhc"].up_bytes == preds["lhc"].down_bytes == 16 * lhc_b
+    assert preds["thc"].down_bytes == 16 * thc_down
+    # an upper bound of LHC's step (network and CPU added, not overlapped, plus the fill) from
+    # the inputs is below the network time alone of THC's bigger sums
+    lhc_net = 2 * 16 * lhc_b / bw + 2 * 2 * lhc_b / bw
+    lhc_cpu = 16 * (2e-9 * P + 100e-9 * (rho * P + union))
+    assert 0.1 + lhc_net + lhc_cpu + lhc_cpu / 16 < 0.1 + 2 * 16 * thc_down / bw
+    assert min(preds.values(), key=lambda p: p.step_s).compressor.startswith("lhc")
+    assert "lhc" in recommend(list(preds.values())).split(" wins")[0]
+    # dense: every value nonzero, so the sketch is sized for the whole partition and LHC would
+    # send more than float32 itself (4 bytes a value): refused when asked for, left out of the
+    # defaults, and THC's 4-bit pushes and 6-bit sums win
+    dense_sc = sc(tensors=tensors, density=[1.0])
+    assert _lhc_payload(P, P) > 4 * P
+    with pytest.raises(ValueError, match="more than its 4096000 float32 bytes"):
+        predict(dense_sc, specs, LHC_NS)
+    assert "lhc" not in [p.compressor.split("-")[0] for p in predict(dense_sc, None, LHC_NS)
+                         if "topk" not in p.compressor]
+    dense = predict(dense_sc, [s for s in specs if s.name != "lhc"], LHC_NS)
+    assert dense[0].compressor == "thc"
+    # and on a fast network with a slow codec nothing wins (the uncompressed path's copies are
+    # the only CPU): 100 Gbit/s, LHC's nonzero work 10 us
+    slow = HostCosts(dict(LHC_NS.per_elem, lhc_dec_nz=1e-5, thc_encode=50e-9), "slow")
+    fast = predict(sc(tensors=tensors, density=[rho], bandwidth_gbit=100.0), specs, slow)
+    assert fast[0].compressor == "none"
+
+
+def test_densities_of_a_zipf_table_match_sampling():
+    # uniform ids (s = 0): the closed form rows * (1 - (1 - 1/rows)^B)
+    rows, b = 5000, 3000
+    assert models.expected_rows_touched(rows, b, 0.0) == pytest.approx(
+        rows * (1 - (1 - 1 / rows) ** b), rel=1e-9)
+    # Zipf(1.0): the mean of 20 seeded samples of distinct ids; the count of distinct ids is a
+    # sum of negatively correlated indicators, so its variance is at most its mean E
+    rng = np.random.default_rng(int(os.environ.get("ADVISE_TEST_SEED", "5")))
+    p = models.zipf_probabilities(rows, 1.0)
+    e = models.expected_rows_touched(rows, b, 1.0)
+    got = np.mean([np.unique(rng.choice(rows, b, p=p)).size for _ in range(20)])
+    assert abs(got - e) < 5 * math.sqrt(e / 20)
+    one, union = models.densities("ncf", 2)
+    assert union[0] > one[0] and union[0] < 2 * one[0]     # the hot rows overlap
+    assert one[2:] == [1.0] * (len(one) - 2)              # the MLP is dense
+    assert models.densities("resnet50", 2) is None
+
+
+def test_replay_fills_only_the_rows_a_batch_touches():
+    import torch
+    emb = models.Embedding(0, 4000, 1.0)
+    rows = replay._SparseRows(emb, (20000, 8), rank=1)
+    g = torch.full((20000, 8), 7.0)               # what the last push_pull left
+    rows.fill(g, step=3)
+    touched = (g != 0).any(dim=1)
+    assert torch.all((g[~touched] == 0))          # nothing of the last step is left
+    e = models.expected_rows_touched(20000, 4000, 1.0)
+    assert abs(int(touched.sum()) - e) < 5 * math.sqrt(e)
+    again = torch.zeros(20000, 8)
+    replay._SparseRows(emb, (20000, 8), rank=1).fill(again, step=3)
+    assert torch.equal(again, g)                  # seeded by table, rank and step
+    other = torch.zeros(20000, 8)
+    replay._SparseRows(emb, (20000, 8), rank=0).fill(other, step=3)
+    assert not torch.equal(other, g)
+
+
+def test_scenario_density_is_checked():
+    with pytest.raises(ValueError, match="one per tensor"):
+        sc(tensors=[10, 20], density=[0.1])
+    with pytest.raises(ValueError, match="1.5"):
+        sc(density=[1.5])
+
+
+def test_cli_takes_a_density(capsys, monkeypatch):
+    monkeypatch.setattr(host, "host_costs", lambda refresh=False: LHC_NS)
+    assert cli.main(["--model-bytes", "400M", "--density", "0.002", "--bandwidth", "1",
+                     "--compute-ms", "20", "--compressors", "none,thc,lhc"]) == 0
+    out = capsys.readouterr().out
+    assert "0.20% nonzero" in out and "lhc-c" in out
+    with pytest.raises(SystemExit):
+        cli.main(["--model-bytes", "400M", "--density", "2", "--bandwidth", "1",
+                  "--compute-ms", "20"])
+    assert "--density 2.0 must lie in [0, 1]" in capsys.readouterr().err
+
+
+def test_lhc_is_refused_where_a_payload_outgrows_its_partition():
+    # a partition of 24,576 values at capacity 20,480: 24 + 8 * 384 + 4 * 3 * 9103 = 112,332
+    # bytes, more than its 98,304 float32 bytes (BytePS's COMPRESS stage refuses that)
+    assert 24 + 8 * 384 + 4 * 3 * math.ceil(20480 / 2.25) > 4 * 24576
+    s = sc(tensors=[P + 24576])
+    with pytest.raises(ValueError, match="partition of 24576 values"):
+        predict_one(s, parse_spec("lhc-topk-0.01"), LHC_NS)
+    assert predict_one(s, parse_spec("lhc-topk-0.001"), LHC_NS).up_bytes > 0  # m = 3840 fits
+    assert all(p.compressor != "lhc-topk-0.01" for p in predict(s, None, LHC_NS))
+    assert any(p.compressor == "lhc-topk-0.01" for p in predict(sc(tensors=[P]), None, LHC_NS))
+
+
+def test_cli_says_which_lhc_it_left_out(capsys, monkeypatch):
+    monkeypatch.setattr(host, "host_costs", lambda refresh=False: LHC_NS)
+    # resnet50 has 16,384-value tensors (256 x 64 x 1 x 1): LHC's sketch alone, sized for them,
+    # is 4 * 3 * ceil(16384 / 2.25) bytes, more than their 65,536 float32 bytes
+    assert 4 * 3 * math.ceil(16384 / 2.25) > 4 * 16384
+    assert 16384 in models.model_tensors("resnet50")
+    assert cli.main(["--model", "resnet50", "--bandwidth", "10"]) == 0
+    out = capsys.readouterr().out
+    assert "left out: lhc (its payload would outgrow a partition of 16384 values)" in out
+    monkeypatch.setattr(host, "host_costs", lambda refresh=False: ONE_NS)
+    assert cli.main(["--model", "ncf", "--bandwidth", "10"]) == 0
+    assert "lhc (the costs have no LHC codec figures)" in capsys.readouterr().out
