@@ -134,6 +134,8 @@ def _compressed(state: ThcHookState, lay: Layout, buf: torch.Tensor):
         for p, (lo, hi) in zip(pieces or (), lay.offsets):
             if p is not None:
                 x[lo:hi] += p.to(x.device)
+    # the step before the norm: setting it drops the rotation the norm keeps for the encode
+    codec.step = state.step_of(lay.key)
     try:
         norm, bad = codec.norm(x), False                                        # 1
     except ValueError:  # NaN/Inf in the gradient or the residual
@@ -149,7 +151,6 @@ def _compressed(state: ThcHookState, lay: Layout, buf: torch.Tensor):
         state.stats["nonfinite_steps"] += 1
         return flat.fill_(math.nan).view(buf.shape)
 
-    codec.step = state.step_of(lay.key)
     if cpu:                                                                     # 2
         codec.encode(x, m, out=lay.payload.numpy())
         payload = lay.payload
