@@ -208,6 +208,8 @@ class _Pipeline:
         self._queue = queue.SimpleQueue()
         thread = threading.Thread(target=self._run, args=(self._queue,), name="thc-hook",
                                   daemon=True)
+        for t in [t for t in _LIVE if not t.is_alive()]:
+            del _LIVE[t]
         _LIVE[thread] = self._queue
         thread.start()
 
@@ -225,7 +227,6 @@ class _Pipeline:
         while True:
             item = q.get()
             if item is None:
-                _LIVE.pop(threading.current_thread(), None)
                 return
             gen, fut, last = item
             older = list(active)
@@ -241,19 +242,24 @@ class _Pipeline:
                         active.remove(e)
 
 
-# Every pipeline thread that has not ended, with its queue. A daemon thread that is still inside
-# C++ (a collective's wait, a future's callbacks) when the interpreter finalizes is ended by a
-# forced unwind, which aborts the process through std::terminate; so at exit each one is told to
-# stop and joined first. The bound keeps a stuck collective from hanging the exit.
+# Every pipeline thread started and not yet seen ended, with its queue. A daemon thread that is
+# still inside C++ (a collective's wait, a future's callbacks, or the release of its last
+# futures and tensors as its frame ends, which drops and retakes the GIL) when the interpreter
+# finalizes is ended by a forced unwind, which aborts the process through std::terminate; so at
+# exit each one is told to stop and joined first. A thread leaves this registry only once it has
+# ended (pruned when the next one starts), never by itself on its way out: one that had already
+# taken its stop and was still releasing its frame would otherwise not be joined. The bound keeps
+# a stuck collective from hanging the exit.
 _LIVE = {}
 _JOIN_TIMEOUT_S = 30.0
 
 
 @atexit.register
 def _stop_pipelines():
-    for thread, q in list(_LIVE.items()):
-        q.put(None)
-    for thread in list(_LIVE):
+    live = list(_LIVE.items())
+    for _, q in live:
+        q.put(None)  # a thread that already stopped never reads it
+    for thread, _ in live:
         thread.join(_JOIN_TIMEOUT_S)
 
 
