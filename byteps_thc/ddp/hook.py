@@ -43,6 +43,11 @@ Tuning:
 - `config`: the default picks the least-error granularity for 8-bit lanes at this world size;
   `ThcConfig.for_workers(n, downstream_bits=16)` halves the error again for twice the incoming
   bytes; bits=2 or 3 send less at a larger error. Keep error feedback on.
+- `rotation_block`: by default each bucket gets the largest block that pads it by at most 5%
+  (geometry.bucket_block; 2^19-2^23 for 25 MB buckets). A block of 2^16
+  (`dataclasses.replace(config, rotation_block=1 << 16)`) stays in the caches: less codec CPU
+  and under 1% padding, for a larger error where a bucket's parameters differ much in scale
+  (benchmarks/bench_ddp_blocks.py measures both on a model's buckets).
 - It can only pay where the link, not the CPU, is the bottleneck: the rotation, the quantisation
   and the decode of every bucket cost CPU (docs/RESULTS.md, "The DDP comm hook").
 
