@@ -20,6 +20,9 @@ Systems:
             buckets' collectives in different orders (docs/RESULTS.md)
   powersgd-async  powerSGD_hook as shipped (to show that failure)
   thc       byteps_thc.ddp.thc_hook, defaults
+  thc-block16  thc_hook with rotation blocks of 2^16 (default_config with rotation_block=65536):
+            less CPU and padding than the default rule's larger blocks, for some more error where
+            a bucket's parameters differ in scale (benchmarks/bench_ddp_blocks.py)
   byteps-thc  BytePS with THC (defaults), no DDP: bench_network.py's replay runner with
             --compute-ms 0, one server in its own namespace, on the same links
 
@@ -46,7 +49,7 @@ if ROOT not in sys.path:
 from benchmarks.netem import CleanupOnSignal, EmulatedNetwork, available, cleanup_stale, measure_tcp  # noqa: E402
 from byteps_thc.launch.supervisor import ProcSpec, Supervisor  # noqa: E402
 
-HOOKS = ("plain", "fp16", "powersgd", "powersgd-async", "thc", "byteps-thc")
+HOOKS = ("plain", "fp16", "powersgd", "powersgd-async", "thc", "thc-block16", "byteps-thc")
 DDP_HOOKS = HOOKS[:-1]
 TAG = "DDPRESULT "
 PORT = 29400
@@ -96,9 +99,14 @@ def worker(a) -> int:
             model.register_comm_hook(psgd_state, serial)
         else:
             model.register_comm_hook(psgd_state, psgd.powerSGD_hook)
-    elif a.hook == "thc":
-        from byteps_thc.ddp import ThcHookState, thc_hook
-        model.register_comm_hook(ThcHookState(), thc_hook)
+    elif a.hook in ("thc", "thc-block16"):
+        import dataclasses
+
+        from byteps_thc.ddp import ThcHookState, default_config, thc_hook
+        cfg = default_config(dist.get_world_size())
+        if a.hook == "thc-block16":
+            cfg = dataclasses.replace(cfg, rotation_block=1 << 16)
+        model.register_comm_hook(ThcHookState(config=cfg), thc_hook)
 
     def step():
         model.zero_grad(set_to_none=True)

@@ -43,6 +43,11 @@ Tuning:
 - `config`: the default picks the least-error granularity for 8-bit lanes at this world size;
   `ThcConfig.for_workers(n, downstream_bits=16)` halves the error again for twice the incoming
   bytes; bits=2 or 3 send less at a larger error. Keep error feedback on.
+- `rotation_block`: by default each bucket gets the largest block that pads it by at most 5%
+  (geometry.bucket_block; 2^19-2^23 for 25 MB buckets). A block of 2^16
+  (`dataclasses.replace(config, rotation_block=1 << 16)`) stays in the caches: less codec CPU
+  and under 1% padding, for a larger error where a bucket's parameters differ much in scale
+  (benchmarks/bench_ddp_blocks.py measures both on a model's buckets).
 - It can only pay where the link, not the CPU, is the bottleneck: the rotation, the quantisation
   and the decode of every bucket cost CPU (docs/RESULTS.md, "The DDP comm hook").
 
@@ -134,6 +139,8 @@ def _compressed(state: ThcHookState, lay: Layout, buf: torch.Tensor):
         for p, (lo, hi) in zip(pieces or (), lay.offsets):
             if p is not None:
                 x[lo:hi] += p.to(x.device)
+    # the step before the norm: setting it drops the rotation the norm keeps for the encode
+    codec.step = state.step_of(lay.key)
     try:
         norm, bad = codec.norm(x), False                                        # 1
     except ValueError:  # NaN/Inf in the gradient or the residual
@@ -149,7 +156,6 @@ def _compressed(state: ThcHookState, lay: Layout, buf: torch.Tensor):
         state.stats["nonfinite_steps"] += 1
         return flat.fill_(math.nan).view(buf.shape)
 
-    codec.step = state.step_of(lay.key)
     if cpu:                                                                     # 2
         codec.encode(x, m, out=lay.payload.numpy())
         payload = lay.payload
@@ -207,6 +213,8 @@ class _Pipeline:
         self._queue = queue.SimpleQueue()
         thread = threading.Thread(target=self._run, args=(self._queue,), name="thc-hook",
                                   daemon=True)
+        for t in [t for t in _LIVE if not t.is_alive()]:
+            del _LIVE[t]
         _LIVE[thread] = self._queue
         thread.start()
 
@@ -224,7 +232,6 @@ class _Pipeline:
         while True:
             item = q.get()
             if item is None:
-                _LIVE.pop(threading.current_thread(), None)
                 return
             gen, fut, last = item
             older = list(active)
@@ -240,19 +247,24 @@ class _Pipeline:
                         active.remove(e)
 
 
-# Every pipeline thread that has not ended, with its queue. A daemon thread that is still inside
-# C++ (a collective's wait, a future's callbacks) when the interpreter finalizes is ended by a
-# forced unwind, which aborts the process through std::terminate; so at exit each one is told to
-# stop and joined first. The bound keeps a stuck collective from hanging the exit.
+# Every pipeline thread started and not yet seen ended, with its queue. A daemon thread that is
+# still inside C++ (a collective's wait, a future's callbacks, or the release of its last
+# futures and tensors as its frame ends, which drops and retakes the GIL) when the interpreter
+# finalizes is ended by a forced unwind, which aborts the process through std::terminate; so at
+# exit each one is told to stop and joined first. A thread leaves this registry only once it has
+# ended (pruned when the next one starts), never by itself on its way out: one that had already
+# taken its stop and was still releasing its frame would otherwise not be joined. The bound keeps
+# a stuck collective from hanging the exit.
 _LIVE = {}
 _JOIN_TIMEOUT_S = 30.0
 
 
 @atexit.register
 def _stop_pipelines():
-    for thread, q in list(_LIVE.items()):
-        q.put(None)
-    for thread in list(_LIVE):
+    live = list(_LIVE.items())
+    for _, q in live:
+        q.put(None)  # a thread that already stopped never reads it
+    for thread, _ in live:
         thread.join(_JOIN_TIMEOUT_S)
 
 
