@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "../common/compressor/impl/thc_wire.h"
+#include "../common/compressor/kwargs_check.h"
 #include "../common/logging.h"  // before utils.h, which uses BPS_LOG
 #include "../common/compressor/utils.h"
 
@@ -70,6 +71,9 @@ struct ThcKey {
   // LHC (lhc_server.h): a key whose first registration said compressor_type=lhc takes LHC's
   // registration and data push; the rounds, the pulls and the max round are the same.
   bool is_lhc = false;
+  // A registration whose kwargs name no compressor BytePS has (kwargs_check.h): the key is
+  // refused (fatal), answered as THC's are, and every round of it fails with the refusal.
+  bool refused = false;
   std::shared_ptr<LhcKey> lhc;
   // rounds
   Round data, norm, fallback;  // fallback: LHC's exact fallback round
@@ -319,6 +323,20 @@ void RegisterLhc(ThcKey* k, uint64_t key, const ps::KVMeta& req, const ps::KVPai
   k->waiting.clear();
 }
 
+// A registration that names no compressor (ThcKey::refused): upstream's registration would
+// abort the server (a null compressor's CHECK, or the registry's FATAL on an unknown name).
+void RegisterRefused(ThcKey* k, uint64_t key, const ps::KVMeta& req, const std::string& why,
+                     ps::KVServer<char>* server) {
+  std::string msg = "BytePS key " + std::to_string(key) + ": registration from node " +
+                    std::to_string(req.sender) + " refused: " + why;
+  LOG(ERROR) << msg;
+  if (k->fatal.empty()) k->fatal = msg;
+  k->waiting.push_back(req);
+  if (k->waiting.size() < static_cast<size_t>(ps::NumWorkers())) return;
+  for (const auto& r : k->waiting) server->Response(r, ps::KVPairs<char>());
+  k->waiting.clear();
+}
+
 void DataPush(ThcKey* k, uint64_t key, const ps::KVMeta& req, const ps::KVPairs<char>& req_data,
               ps::KVServer<char>* server) {
   Round* round = &k->data;
@@ -534,16 +552,29 @@ bool ThcHandleRequest(int request_type, uint64_t key, const ps::KVMeta& req_meta
   ThcKey* k = it == thc_keys_.end() ? nullptr : it->second.get();
 
   if (request_type == kCompressed) {
-    if (!k) {
+    std::string refusal;  // why a registration names no compressor
+    if (!k || k->refused) {
       std::string content(req_data.vals.data(), req_data.vals.size());
       std::string malformed;  // Register refuses it again, with this message
       auto kwargs = ParseRegistration(content, &malformed);
       const bool lhc = LhcIsRegistration(kwargs);
-      if (!tw::IsThcKwargs(kwargs) && !lhc) return false;
-      k = (thc_keys_[key] = std::unique_ptr<ThcKey>(new ThcKey)).get();
-      k->is_lhc = lhc;
+      const bool thc = tw::IsThcKwargs(kwargs);
+      if (!thc && !lhc) {
+        refusal = malformed.empty() ? common::CheckCompressorKwargs(kwargs) : malformed;
+      }
+      if (!k && !thc && !lhc && refusal.empty()) return false;  // BytePS's own compressors
+      if (!k) {
+        k = (thc_keys_[key] = std::unique_ptr<ThcKey>(new ThcKey)).get();
+        k->is_lhc = lhc;
+        k->refused = !refusal.empty();
+      }
     }
-    if (k->is_lhc) {
+    if (k->refused) {
+      if (refusal.empty()) {
+        refusal = "another worker registered this key with kwargs that name no compressor";
+      }
+      RegisterRefused(k, key, req_meta, refusal, server);
+    } else if (k->is_lhc) {
       RegisterLhc(k, key, req_meta, req_data, server, stored_len, stored_dtype);
     } else {
       Register(k, key, req_meta, req_data, server, stored_len, stored_dtype);
