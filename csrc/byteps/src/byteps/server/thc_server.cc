@@ -477,7 +477,7 @@ void NormPush(ThcKey* k, uint64_t key, const ps::KVMeta& req, const ps::KVPairs<
 // ---- the stall inspector (thc_stall.h): its own thread, under thc_mu_ like every handler ----
 struct StallWatches {
   ps::Key raw_key = 0;  // the key as the workers send it (responses carry it back)
-  StallWatch data, norm;
+  StallWatch data, norm, fallback;
 };
 ps::KVServer<char>* stall_server_ = nullptr;
 std::unordered_map<uint64_t, StallWatches> stall_watches_;
@@ -490,7 +490,7 @@ void InspectRound(uint64_t key, const char* kind, ThcKey* k, Round* round, Stall
       watch->Look(round->completed + 1, !round->senders.empty(), now, stall_settings_, &waited);
   if (act == StallWatch::kNone) return;
   std::ostringstream os;
-  os << "THC key " << key << ", " << kind << " round " << round->completed + 1 << ": waited "
+  os << (k->is_lhc ? "LHC key " : "THC key ") << key << ", " << kind << " round " << round->completed + 1 << ": waited "
      << static_cast<int64_t>(waited) << " s for the push of "
      << DescribeWorkers(MissingWorkers(round->senders))
      << " (pushed: " << DescribeWorkers(round->senders) << ")";
@@ -525,6 +525,10 @@ void InspectStalls() {
     ThcKey* k = it->second.get();
     InspectRound(kv.first, "data", k, &k->data, &kv.second.data, kv.second.raw_key, now);
     InspectRound(kv.first, "norm", k, &k->norm, &kv.second.norm, kv.second.raw_key, now);
+    if (k->lhc) {
+      InspectRound(kv.first, "fallback", k, &k->fallback, &kv.second.fallback, kv.second.raw_key,
+                   now);
+    }
   }
 }
 
