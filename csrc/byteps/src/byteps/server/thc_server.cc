@@ -219,6 +219,21 @@ tw::Kwargs ParseRegistration(const std::string& content, std::string* err) {
   return kwargs;
 }
 
+// Every registration of a key ends here: `refusal` (non-empty) is logged and fails every round
+// of the key (the first one wins); the registrations are answered, as BytePS's are, once every
+// worker has sent one.
+void FinishRegistration(ThcKey* k, const std::string& refusal, const ps::KVMeta& req,
+                        ps::KVServer<char>* server) {
+  if (!refusal.empty()) {
+    LOG(ERROR) << refusal;
+    if (k->fatal.empty()) k->fatal = refusal;
+  }
+  k->waiting.push_back(req);
+  if (k->waiting.size() < static_cast<size_t>(ps::NumWorkers())) return;
+  for (const auto& r : k->waiting) server->Response(r, ps::KVPairs<char>());
+  k->waiting.clear();
+}
+
 void Register(ThcKey* k, uint64_t key, const ps::KVMeta& req, const ps::KVPairs<char>& req_data,
               ps::KVServer<char>* server, size_t stored_len, int stored_dtype) {
   std::string content(req_data.vals.data(), req_data.vals.size());
@@ -274,16 +289,9 @@ void Register(ThcKey* k, uint64_t key, const ps::KVMeta& req, const ps::KVPairs<
             tw::NonfiniteName(k->nonfinite_error);
     }
   }
-  if (!err.empty()) {
-    std::string msg = "THC key " + std::to_string(key) + ": registration refused: " + err;
-    LOG(ERROR) << msg;
-    if (k->fatal.empty()) k->fatal = msg;
-  }
-  // Like BytePS's registration: answer once every worker has registered.
-  k->waiting.push_back(req);
-  if (k->waiting.size() < static_cast<size_t>(ps::NumWorkers())) return;
-  for (const auto& r : k->waiting) server->Response(r, ps::KVPairs<char>());
-  k->waiting.clear();
+  FinishRegistration(
+      k, err.empty() ? "" : "THC key " + std::to_string(key) + ": registration refused: " + err,
+      req, server);
 }
 
 // LHC's registration (lhc_server.cc does the settings): the same answer-when-all-registered and
@@ -312,29 +320,9 @@ void RegisterLhc(ThcKey* k, uint64_t key, const ps::KVMeta& req, const ps::KVPai
                 << k->num_workers << " workers";
     }
   }
-  if (!err.empty()) {
-    std::string msg = "LHC key " + std::to_string(key) + ": registration refused: " + err;
-    LOG(ERROR) << msg;
-    if (k->fatal.empty()) k->fatal = msg;
-  }
-  k->waiting.push_back(req);
-  if (k->waiting.size() < static_cast<size_t>(ps::NumWorkers())) return;
-  for (const auto& r : k->waiting) server->Response(r, ps::KVPairs<char>());
-  k->waiting.clear();
-}
-
-// A registration that names no compressor (ThcKey::refused): upstream's registration would
-// abort the server (a null compressor's CHECK, or the registry's FATAL on an unknown name).
-void RegisterRefused(ThcKey* k, uint64_t key, const ps::KVMeta& req, const std::string& why,
-                     ps::KVServer<char>* server) {
-  std::string msg = "BytePS key " + std::to_string(key) + ": registration from node " +
-                    std::to_string(req.sender) + " refused: " + why;
-  LOG(ERROR) << msg;
-  if (k->fatal.empty()) k->fatal = msg;
-  k->waiting.push_back(req);
-  if (k->waiting.size() < static_cast<size_t>(ps::NumWorkers())) return;
-  for (const auto& r : k->waiting) server->Response(r, ps::KVPairs<char>());
-  k->waiting.clear();
+  FinishRegistration(
+      k, err.empty() ? "" : "LHC key " + std::to_string(key) + ": registration refused: " + err,
+      req, server);
 }
 
 void DataPush(ThcKey* k, uint64_t key, const ps::KVMeta& req, const ps::KVPairs<char>& req_data,
@@ -474,6 +462,35 @@ void NormPush(ThcKey* k, uint64_t key, const ps::KVMeta& req, const ps::KVPairs<
   Complete(round, result, server, req_data);
 }
 
+using PushHandler = void (*)(ThcKey*, uint64_t, const ps::KVMeta&, const ps::KVPairs<char>&,
+                             ps::KVServer<char>*);
+
+// One request of a round of `key` (`kind`: "data", "norm" or "fallback"): a push goes to `push`,
+// a pull waits for the round. Without a `round` (a key not registered as `codec`) the request
+// is answered with an error instead (a push acknowledged, a pull given the message), never left
+// to BytePS's code, which would abort on it.
+void RoundRequest(ThcKey* k, Round* round, PushHandler push, const char* codec, const char* kind,
+                  uint64_t key, const ps::KVMeta& req, const ps::KVPairs<char>& req_data,
+                  ps::KVServer<char>* server) {
+  if (!round) {
+    std::string msg = std::string(codec) + " key " + std::to_string(key) + ": " + kind +
+                      " round from node " + std::to_string(req.sender) +
+                      " for a key not registered as " + codec;
+    LOG(ERROR) << msg;
+    if (req.push) {
+      server->Response(req, ps::KVPairs<char>());
+    } else {
+      Respond(req, req_data, MakeError(msg, 0), server);
+    }
+    return;
+  }
+  if (req.push) {
+    push(k, key, req, req_data, server);
+  } else {
+    Pull(round, key, req, req_data, server);
+  }
+}
+
 // ---- the stall inspector (thc_stall.h): its own thread, under thc_mu_ like every handler ----
 struct StallWatches {
   ps::Key raw_key = 0;  // the key as the workers send it (responses carry it back)
@@ -574,10 +591,15 @@ bool ThcHandleRequest(int request_type, uint64_t key, const ps::KVMeta& req_meta
       }
     }
     if (k->refused) {
+      // upstream's registration would abort the server here (a null compressor's CHECK, or the
+      // registry's FATAL on an unknown name)
       if (refusal.empty()) {
         refusal = "another worker registered this key with kwargs that name no compressor";
       }
-      RegisterRefused(k, key, req_meta, refusal, server);
+      FinishRegistration(k,
+                         "BytePS key " + std::to_string(key) + ": registration from node " +
+                             std::to_string(req_meta.sender) + " refused: " + refusal,
+                         req_meta, server);
     } else if (k->is_lhc) {
       RegisterLhc(k, key, req_meta, req_data, server, stored_len, stored_dtype);
     } else {
@@ -587,50 +609,17 @@ bool ThcHandleRequest(int request_type, uint64_t key, const ps::KVMeta& req_meta
     return true;
   }
   if (request_type == tw::kThcNormRequest) {
-    if (!k) {
-      // A norm round for a key nobody registered as THC: answer, never abort.
-      std::string msg = "THC key " + std::to_string(key) + ": norm round from node " +
-                        std::to_string(req_meta.sender) + " for a key not registered as THC";
-      LOG(ERROR) << msg;
-      if (req_meta.push) {
-        server->Response(req_meta, ps::KVPairs<char>());
-      } else {
-        Respond(req_meta, req_data, MakeError(msg, 0), server);
-      }
-      return true;
-    }
-    if (req_meta.push) {
-      NormPush(k, key, req_meta, req_data, server);
-    } else {
-      Pull(&k->norm, key, req_meta, req_data, server);
-    }
+    RoundRequest(k, k ? &k->norm : nullptr, NormPush, "THC", "norm", key, req_meta, req_data,
+                 server);
     return true;
   }
   if (request_type == kLhcFallback) {
-    if (!k || !k->lhc) {
-      std::string msg = "LHC key " + std::to_string(key) + ": fallback round from node " +
-                        std::to_string(req_meta.sender) + " for a key not registered as LHC";
-      LOG(ERROR) << msg;
-      if (req_meta.push) {
-        server->Response(req_meta, ps::KVPairs<char>());
-      } else {
-        Respond(req_meta, req_data, MakeError(msg, 0), server);
-      }
-      return true;
-    }
-    if (req_meta.push) {
-      FallbackPush(k, key, req_meta, req_data, server);
-    } else {
-      Pull(&k->fallback, key, req_meta, req_data, server);
-    }
+    RoundRequest(k, k && k->lhc ? &k->fallback : nullptr, FallbackPush, "LHC", "fallback", key,
+                 req_meta, req_data, server);
     return true;
   }
   if (request_type != kDefault || !k) return false;
-  if (req_meta.push) {
-    DataPush(k, key, req_meta, req_data, server);
-  } else {
-    Pull(&k->data, key, req_meta, req_data, server);
-  }
+  RoundRequest(k, &k->data, DataPush, "THC", "data", key, req_meta, req_data, server);
   return true;
 }
 
