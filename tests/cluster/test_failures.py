@@ -90,6 +90,10 @@ def test_tf_mismatched_bits_raise_in_eager_and_fit(tmp_path):
         for text in texts(tmp_path, style):
             assert text.startswith(("InternalError: ", "InvalidArgumentError: ")), text
             assert "registration refused" in text and "bits=3" in text and "bits=4" in text, text
+    for style in ("badkwargs-declare", "badkwargs-pushpull"):
+        for text in texts(tmp_path, style):
+            assert text.startswith("InvalidArgumentError: BytePS tensor 'badkw': "), text
+            assert "compressor_type=thx is not one of " in text and "thc" in text, text
     assert "after [2.0, 2.0, 2.0, 2.0]" in log, log[-3000:]
 
 
