@@ -507,8 +507,8 @@ void InspectRound(uint64_t key, const char* kind, ThcKey* k, Round* round, Stall
       watch->Look(round->completed + 1, !round->senders.empty(), now, stall_settings_, &waited);
   if (act == StallWatch::kNone) return;
   std::ostringstream os;
-  os << (k->is_lhc ? "LHC key " : "THC key ") << key << ", " << kind << " round " << round->completed + 1 << ": waited "
-     << static_cast<int64_t>(waited) << " s for the push of "
+  os << (k->is_lhc ? "LHC key " : "THC key ") << key << ", " << kind << " round "
+     << round->completed + 1 << ": waited " << static_cast<int64_t>(waited) << " s for the push of "
      << DescribeWorkers(MissingWorkers(round->senders))
      << " (pushed: " << DescribeWorkers(round->senders) << ")";
   if (act == StallWatch::kWarn) {
