@@ -80,7 +80,7 @@ class RoleCluster:
     it)."""
 
     def __init__(self, tmp_path, script, worker_flags=(), server_flags=(), extra_env=None,
-                 server_env=None, absent=()):
+                 server_env=None, absent=(), scheduler_env=None):
         self.port, self.sport, w0, w1 = free_ports(4)
         paths = [FORK_DIR, ROOT, os.environ.get("PYTHONPATH", "")]
         base = {k: v for k, v in os.environ.items()
@@ -92,7 +92,7 @@ class RoleCluster:
         self.wports = (w0, w1)
         launch = [sys.executable, "-m", "byteps_thc.launch"]
         self.roles = [
-            ("scheduler", {}, launch),
+            ("scheduler", dict(scheduler_env or {}), launch),
             ("server", dict(server_env or {}, DMLC_NODE_PORT=str(self.sport)),
              launch + list(server_flags)),
         ] + [(f"worker {i}", {"DMLC_WORKER_ID": str(i), "DMLC_NODE_PORT": str(p),
@@ -243,23 +243,28 @@ def test_stalled_worker_is_named_and_every_process_exits(tmp_path, role_cluster)
 
 
 STARTUP_TIMEOUT = 8
+SCHEDULER_TIMEOUT = 60
 
 
 @pytest.mark.parametrize("absent", ["worker 1", "scheduler"])
 def test_cluster_that_never_forms_ends_every_node_naming_the_missing(tmp_path, role_cluster,
                                                                       absent):
+    # the scheduler waits longer than the others, so that it names the worker that registered
+    # however long that worker's imports took (its clock starts at its own start)
     c = role_cluster(train_script(tmp_path, ""), absent=(absent,),
-                     extra_env={"BYTEPS_THC_STARTUP_TIMEOUT": str(STARTUP_TIMEOUT)})
+                     extra_env={"BYTEPS_THC_STARTUP_TIMEOUT": str(STARTUP_TIMEOUT)},
+                     scheduler_env={"BYTEPS_THC_STARTUP_TIMEOUT": str(SCHEDULER_TIMEOUT)})
     names = [n for n in ("scheduler", "server", "worker 0", "worker 1") if n != absent]
     # the clock starts in each node's ps-lite start, after its imports: the bound leaves room
-    codes = c.wait_all(names, STARTUP_TIMEOUT + EXIT_BOUND, since=time.monotonic())
+    codes = c.wait_all(names, SCHEDULER_TIMEOUT + EXIT_BOUND, since=time.monotonic())
     assert all(code != 0 for code in codes.values()), (codes, c.all_text())
     head = f"the cluster did not form within BYTEPS_THC_STARTUP_TIMEOUT={STARTUP_TIMEOUT} s: "
     scheduler = _address(c.port)
     if absent == "worker 1":
         text = c.text("scheduler")
-        assert head + "1 of 2 workers and 1 of 1 server registered with this scheduler" in text, \
-            text[-3000:]
+        want = (f"the cluster did not form within BYTEPS_THC_STARTUP_TIMEOUT={SCHEDULER_TIMEOUT} "
+                "s: 1 of 2 workers and 1 of 1 server registered with this scheduler")
+        assert want in text, text[-3000:]
         # who came (worker 0 by its DMLC_WORKER_ID, the server, at their addresses) and who not
         assert f"worker 0 at {_address(c.wports[0])}" in text, text[-3000:]
         assert f"server at {_address(c.sport)}" in text, text[-3000:]
