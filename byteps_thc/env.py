@@ -83,6 +83,14 @@ def parse_dead_node_timeout(text: str) -> int:
     return v
 
 
+def parse_startup_timeout(text: str) -> int:
+    """0 (wait without a limit) or whole seconds up to a day (what ps-lite accepts)."""
+    v = parse_nonnegative_int(text)
+    if v > 86400:
+        raise ValueError(f"{text!r} must be at most 86400 seconds (0 = no limit)")
+    return v
+
+
 def parse_optional_int(text: str) -> Optional[int]:
     """An integer where 0 means "unset" (None)."""
     return parse_int(text) or None
@@ -240,6 +248,10 @@ HEARTBEAT_INTERVAL = Setting("PS_HEARTBEAT_INTERVAL", None, parse_nonnegative_in
                              "ps-lite: seconds between a node's heartbeats to the scheduler")
 HEARTBEAT_TIMEOUT = Setting("PS_HEARTBEAT_TIMEOUT", None, parse_nonnegative_int,
                             "ps-lite: seconds of silence after which a node counts as dead")
+STARTUP_TIMEOUT = Setting("BYTEPS_THC_STARTUP_TIMEOUT", 300, parse_startup_timeout,
+                          "seconds every node waits for the cluster to form (all nodes "
+                          "registered with the scheduler) before it names the missing ones and "
+                          "exits with status 1 (0 = no limit); bpslaunch passes it to ps-lite")
 STALL_WARN = Setting("BYTEPS_THC_STALL_WARN", 60.0, parse_seconds,
                      "seconds a THC round may wait before the server names the workers that "
                      "have not pushed (0 = never)")

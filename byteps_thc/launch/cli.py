@@ -286,8 +286,13 @@ def compression_env(ns: argparse.Namespace,
 
 def liveness_env(ns: argparse.Namespace, environ: Mapping[str, str]) -> Dict[str, str]:
     """ps-lite's heartbeat variables for BYTEPS_THC_DEAD_NODE_TIMEOUT (each only where unset:
-    the user's PS_HEARTBEAT_* win) and --stall-timeout; ValueError names a bad value."""
+    the user's PS_HEARTBEAT_* win), BYTEPS_THC_STARTUP_TIMEOUT (its default where unset: ps-lite
+    reads it, and waits without a limit where it is unset) and --stall-timeout; ValueError names
+    a bad value."""
     out: Dict[str, str] = {}
+    startup = env.STARTUP_TIMEOUT.get(environ)
+    if not env.STARTUP_TIMEOUT.is_set(environ):
+        out[env.STARTUP_TIMEOUT.name] = str(startup)
     timeout = env.HEARTBEAT_TIMEOUT.get(environ)
     if timeout is None:
         timeout = env.DEAD_NODE_TIMEOUT.get(environ)

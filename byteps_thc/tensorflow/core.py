@@ -258,7 +258,23 @@ def declare(name: str, kwargs: Optional[Mapping[str, str]] = None) -> None:
         rc = fn(ctypes.c_char_p(name.encode("ascii")), ctypes.c_int(n), keys, vals)
         if rc != 0:
             raise RuntimeError(f"declaring BytePS tensor {name!r} failed ({rc})")
+        refusal = _compressor_refusal(lib, name)
+        if refusal:  # not recorded: every later declare (each push_pull's) raises it again
+            raise tf.errors.InvalidArgumentError(None, None, refusal)
         _DECLARED[name] = dict(kwargs) if kwargs else None
+
+
+def _compressor_refusal(lib, name: str) -> str:
+    """Why BytePS refused the compressor kwargs `name` was declared with (they name no
+    registered compressor: csrc/byteps/src/byteps/common/compressor/kwargs_check.h), or ""."""
+    fn = getattr(lib, "byteps_thc_compressor_refusal", None)
+    if fn is None:
+        return ""  # a build without patch 0030, which has no such check
+    buf = ctypes.create_string_buffer(4096)
+    fn.restype = ctypes.c_int
+    if fn(ctypes.c_char_p(name.encode("ascii")), buf, ctypes.c_int(len(buf))) == 0:
+        return ""
+    return buf.value.decode(errors="replace")
 
 
 # ------------------------------------------------------------------------------------------------

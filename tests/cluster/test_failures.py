@@ -2,6 +2,9 @@
 uncompressed, on real `bpslaunch --local 2` clusters (tests/cluster/scripts/torch_failures.py and
 tf_failures.py are the workers):
 
+- a tensor declared with compressor kwargs that name no registered compressor (a misspelt type,
+  a key without its prefix): the declare and its push_pulls raise RuntimeError naming the kwargs
+  and the registered compressors; the server stays up and training goes on;
 - workers that declare THC with different `bits`: optimizer.step() raises RuntimeError (torch),
   push_pull and model.fit raise InternalError (TF); the script catches it and exits 0, and the
   message names the refusal and both settings;
@@ -59,6 +62,25 @@ def test_torch_mismatched_bits_raise_runtime_error(tmp_path):
     assert "Check failed" not in log and "SIGABRT" not in log
 
 
+def test_torch_unknown_compressor_raises_and_the_cluster_lives(tmp_path):
+    code, log = torch_run(tmp_path, "bad-kwargs")
+    assert code == 0, log[-4000:]
+    for r in (0, 1):
+        for what in ("declare", "pushpull"):
+            typo = (tmp_path / f"{what}-typo_{r}.txt").read_text()
+            assert typo.startswith("RuntimeError: BytePS tensor 'byteps.typo': "), typo
+            assert "compressor_type=thx is not one of " in typo, typo
+            known = typo.split("is not one of ")[1].split(".")[0].split(", ")
+            assert {"thc", "lhc", "onebit", "topk"} <= set(known), typo
+            bare = (tmp_path / f"{what}-noprefix_{r}.txt").read_text()
+            assert bare.startswith("RuntimeError: BytePS tensor 'byteps.noprefix': "), bare
+            assert "{thc_bits=4, type=thc}" in bare and "compressor_type is missing" in bare, bare
+            assert "byteps_compressor_type" in bare, bare
+        # 1 + 2 from the two workers: the cluster and its server lived on
+        assert (tmp_path / f"alive_{r}.txt").read_text() == "3.0"
+    assert "Check failed" not in log and "SIGABRT" not in log and "No compressor" not in log
+
+
 @pytest.mark.needs_tf
 @pytest.mark.needs_fork("server", "tensorflow")
 def test_tf_mismatched_bits_raise_in_eager_and_fit(tmp_path):
@@ -68,6 +90,10 @@ def test_tf_mismatched_bits_raise_in_eager_and_fit(tmp_path):
         for text in texts(tmp_path, style):
             assert text.startswith(("InternalError: ", "InvalidArgumentError: ")), text
             assert "registration refused" in text and "bits=3" in text and "bits=4" in text, text
+    for style in ("badkwargs-declare", "badkwargs-pushpull"):
+        for text in texts(tmp_path, style):
+            assert text.startswith("InvalidArgumentError: BytePS tensor 'badkw': "), text
+            assert "compressor_type=thx is not one of " in text and "thc" in text, text
     assert "after [2.0, 2.0, 2.0, 2.0]" in log, log[-3000:]
 
 

@@ -14,6 +14,8 @@ compressor sends, for 2 and 3 workers:
 - the exact fallback round: an overloaded data round completes exactly from the workers'
   values at the unresolved indices, summed by the server; bad fallback pushes (count, length,
   fingerprint, a key that is not LHC's) fail their round with the key and the sender named;
+- the stall inspector watches the fallback round as it does the others: a worker that never
+  pushes its fallback values is named, and the round fails for the worker that waits;
 - a seeded fuzz of headers and lengths (LHC_TEST_FUZZ_SEED, LHC_TEST_FUZZ_ROUNDS): every broken
   push fails its round with the error every worker pulls, and a clean round follows.
 """
@@ -23,6 +25,7 @@ import os
 import re
 import struct
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -363,3 +366,38 @@ def test_bad_fallback_pushes_fail_the_round_naming_key_and_sender(cluster):
     for r in fallback_round(plain, good, fp=0):
         assert "for a key not registered as LHC" in error_of(r)
     assert cluster.server_alive()
+
+
+def test_stalled_fallback_round_is_named_and_fails(client_exe, tmp_path):
+    """Worker 0 pushes its fallback values and pulls; worker 1 never pushes. The stall inspector
+    names the missing worker after BYTEPS_THC_STALL_WARN, fails the round for worker 0 after
+    BYTEPS_THC_STALL_TIMEOUT, and the server then exits (the cluster cannot go on)."""
+    c = tc.Cluster(2, tmp_path, client_exe, tc.server_argv(),
+                   extra_env={"BYTEPS_THC_STALL_WARN": "2", "BYTEPS_THC_STALL_TIMEOUT": "6"})
+    try:
+        c.node_ids = [int(c.clients[i].cmd("hello").split()[2]) for i in range(c.n)]
+        key = 60 << 16
+        k = LhcKey(c, key, 5_000, LhcConfig(capacity=100))
+        values = np.arange(10, dtype=np.int32)
+        push = tmp_path / "fallback0.bin"
+        push.write_bytes(FB_HEADER.pack(FB_MAGIC, values.size, k.codecs[0].fingerprint)
+                         + values.tobytes())
+        cmd = tc.command(FALLBACK, tc.FLOAT64)
+        c.clients[0].cmd(f"push {key} {cmd} {push}")
+        pulled = tmp_path / "pull0.bin"
+        c.clients[0].cmd(f"pull {key} {cmd} 8192 {pulled}", timeout=120)
+        msg = error_of(pulled.read_bytes())
+        assert f"LHC key {key}, fallback round 1: waited " in msg, msg
+        missing = f"for the push of worker rank 1 (ps-lite node {c.node_ids[1]}, "
+        assert missing in msg and "BYTEPS_THC_STALL_TIMEOUT=6" in msg, msg
+        deadline = time.monotonic() + 60
+        while c.server_alive() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert c.server.poll() == 1, c.server_text()[-3000:]
+        text = c.server_text()
+        # the warning came first, naming the same worker
+        assert re.search(r"fallback round 1: waited \d+ s for the push of worker rank 1", text), \
+            text[-3000:]
+        assert "BYTEPS_THC_STALL_WARN=2" in text, text[-3000:]
+    finally:
+        c.close()

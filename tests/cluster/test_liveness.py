@@ -6,7 +6,10 @@ on separate machines, with the real BytePS scheduler, server and workers on 127.
   heartbeats never reach the scheduler (here: turned off on it, as when it dies before its first
   one arrives) is found all the same, counted from the moment the cluster formed;
 - a worker that sleeps inside training: the server names the missing worker, fails the round
-  after BYTEPS_THC_STALL_TIMEOUT, and every process exits non-zero; nothing is left behind.
+  after BYTEPS_THC_STALL_TIMEOUT, and every process exits non-zero; nothing is left behind;
+- a cluster that never forms (a worker, or the scheduler, never started): after
+  BYTEPS_THC_STARTUP_TIMEOUT every node that was started says what it waited for (the scheduler
+  names who registered and who is missing) and exits non-zero.
 
 Timeouts: BYTEPS_THC_DEAD_NODE_TIMEOUT=8, so heartbeats every second; a live node would have to
 miss eight in a row (8 s without one scheduled on this host) to be declared dead.
@@ -72,11 +75,12 @@ def train_script(tmp_path, body):
 
 
 class RoleCluster:
-    """Scheduler, one server and two workers, each its own `bpslaunch` and process group, with
-    its output in a file (no pipe can fill up and block it)."""
+    """Scheduler, one server and two workers (but those named in `absent`), each its own
+    `bpslaunch` and process group, with its output in a file (no pipe can fill up and block
+    it)."""
 
     def __init__(self, tmp_path, script, worker_flags=(), server_flags=(), extra_env=None,
-                 server_env=None):
+                 server_env=None, absent=(), scheduler_env=None):
         self.port, self.sport, w0, w1 = free_ports(4)
         paths = [FORK_DIR, ROOT, os.environ.get("PYTHONPATH", "")]
         base = {k: v for k, v in os.environ.items()
@@ -88,7 +92,7 @@ class RoleCluster:
         self.wports = (w0, w1)
         launch = [sys.executable, "-m", "byteps_thc.launch"]
         self.roles = [
-            ("scheduler", {}, launch),
+            ("scheduler", dict(scheduler_env or {}), launch),
             ("server", dict(server_env or {}, DMLC_NODE_PORT=str(self.sport)),
              launch + list(server_flags)),
         ] + [(f"worker {i}", {"DMLC_WORKER_ID": str(i), "DMLC_NODE_PORT": str(p),
@@ -97,6 +101,8 @@ class RoleCluster:
              for i, p in enumerate(self.wports)]
         self.procs, self.logs = {}, {}
         for name, extra, argv in self.roles:
+            if name in absent:  # never started, as a machine that never came up
+                continue
             if name.startswith("worker"):
                 (tmp_path / f"w{name[-1]}").mkdir()
             env = dict(base, DMLC_ROLE=name.split()[0], **extra)
@@ -233,4 +239,42 @@ def test_stalled_worker_is_named_and_every_process_exits(tmp_path, role_cluster)
     assert "RuntimeError" in w0 and "BYTEPS_THC_STALL_TIMEOUT=10" in w0, w0[-3000:]
     # the sleeping worker learns of the cluster's end and leaves after its grace period
     assert "still running" in c.text("worker 1"), c.text("worker 1")[-3000:]
+    assert c.stop() == [] and shm_of_cluster(c.port) == []
+
+
+STARTUP_TIMEOUT = 8
+SCHEDULER_TIMEOUT = 60
+
+
+@pytest.mark.parametrize("absent", ["worker 1", "scheduler"])
+def test_cluster_that_never_forms_ends_every_node_naming_the_missing(tmp_path, role_cluster,
+                                                                      absent):
+    # the scheduler waits longer than the others, so that it names the worker that registered
+    # however long that worker's imports took (its clock starts at its own start)
+    c = role_cluster(train_script(tmp_path, ""), absent=(absent,),
+                     extra_env={"BYTEPS_THC_STARTUP_TIMEOUT": str(STARTUP_TIMEOUT)},
+                     scheduler_env={"BYTEPS_THC_STARTUP_TIMEOUT": str(SCHEDULER_TIMEOUT)})
+    names = [n for n in ("scheduler", "server", "worker 0", "worker 1") if n != absent]
+    # the clock starts in each node's ps-lite start, after its imports: the bound leaves room
+    codes = c.wait_all(names, SCHEDULER_TIMEOUT + EXIT_BOUND, since=time.monotonic())
+    assert all(code != 0 for code in codes.values()), (codes, c.all_text())
+    head = f"the cluster did not form within BYTEPS_THC_STARTUP_TIMEOUT={STARTUP_TIMEOUT} s: "
+    scheduler = _address(c.port)
+    if absent == "worker 1":
+        text = c.text("scheduler")
+        want = (f"the cluster did not form within BYTEPS_THC_STARTUP_TIMEOUT={SCHEDULER_TIMEOUT} "
+                "s: 1 of 2 workers and 1 of 1 server registered with this scheduler")
+        assert want in text, text[-3000:]
+        # who came (worker 0 by its DMLC_WORKER_ID, the server, at their addresses) and who not
+        assert f"worker 0 at {_address(c.wports[0])}" in text, text[-3000:]
+        assert f"server at {_address(c.sport)}" in text, text[-3000:]
+        assert "missing: 1 worker (DMLC_WORKER_ID 1)" in text, text[-3000:]
+    for n, me in (("server", f"server at {_address(c.sport)}"),
+                  ("worker 0", f"worker 0 at {_address(c.wports[0])}"),
+                  ("worker 1", f"worker 1 at {_address(c.wports[1])}")):
+        if n in names:
+            text = c.text(n)
+            assert head + f"this {me} registered with the scheduler at {scheduler}" in text, \
+                (n, text[-3000:])
+            assert "2 workers and 1 server" in text, (n, text[-3000:])
     assert c.stop() == [] and shm_of_cluster(c.port) == []

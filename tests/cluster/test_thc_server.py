@@ -6,6 +6,8 @@ clients (tests/cluster/client/thc_client.cc) that send exactly what BytePS worke
   they need (8- and 16-bit lanes, several rounds, a rotation block, a tiled partition);
 - the norm round returns the maximum;
 - an uncompressed key and a onebit key still sum correctly;
+- a registration whose kwargs name no registered compressor is refused: every round of that key
+  fails with the refusal, the server stays up;
 - a wrong-length payload, a mismatched configuration (push fingerprint, registration) and a bad norm
   produce clear errors (server log + the pulls of that round), while the server stays up and the
   next rounds and the other keys work.
@@ -320,6 +322,27 @@ def test_invalid_kwargs_refused_with_message(cluster):
         msg = error_of(r)
         assert f"THC key {key}: registration refused" in msg and "table" in msg
     assert cluster.server_alive()
+
+
+@pytest.mark.parametrize("keyno, kwargs, why", [
+    (50, {"compressor_type": "thx"}, "compressor_type=thx is not one of "),
+    (51, {"type": "thc", "thc_bits": "4"}, "compressor_type is missing"),
+    (52, {"compressor_type": "onebit", "ef_type": "vanila"}, "ef_type=vanila is not one of "),
+], ids=["typo", "no-type", "bad-ef"])
+def test_unknown_compressor_refused_server_stays_up(cluster, keyno, kwargs, why):
+    # upstream's registration aborted the server here (a null compressor's CHECK, or the
+    # registry's FATAL); the worker refuses such kwargs itself, so only a client can send them
+    n, d = cluster.n, 20_000
+    key = keyno << 16
+    k = Key(cluster, key, d, kwargs)  # every registration is answered
+    for _ in range(2):
+        for r in k.round([bytes(4 * d)] * n, capacity=4 * d + 4096):
+            msg = error_of(r)
+            assert f"BytePS key {key}: registration from node " in msg and why in msg, msg
+            assert "refused" in msg and "onebit" in msg and "thc" in msg, msg
+    assert cluster.server_alive()
+    assert "Check failed" not in cluster.server_text()
+    test_uncompressed_key_still_sums(cluster)
 
 
 # ---- the real worker pipeline ----------------------------------------------------------------

@@ -1,5 +1,6 @@
 """bpslaunch's liveness settings: BYTEPS_THC_DEAD_NODE_TIMEOUT -> ps-lite's heartbeat variables,
---stall-timeout -> BYTEPS_THC_STALL_TIMEOUT, and the messages for bad values."""
+BYTEPS_THC_STARTUP_TIMEOUT (its default where unset), --stall-timeout -> BYTEPS_THC_STALL_TIMEOUT,
+and the messages for bad values."""
 import io
 import os
 import sys
@@ -13,39 +14,51 @@ _BASE = {"DMLC_NUM_WORKER": "1", "DMLC_NUM_SERVER": "1", "DMLC_PS_ROOT_URI": "12
          "DMLC_PS_ROOT_PORT": "9000"}
 
 
+STARTUP = {"BYTEPS_THC_STARTUP_TIMEOUT": "300"}  # what bpslaunch adds where it is unset
+
+
 def _env(argv, environ):
     return launch.liveness_env(launch.parse_args(argv + ["--", "true"]), environ)
 
 
 def test_default_turns_heartbeats_on():
     out = _env([], {})
-    assert out == {"PS_HEARTBEAT_TIMEOUT": "30", "PS_HEARTBEAT_INTERVAL": "3"}
+    assert out == {"PS_HEARTBEAT_TIMEOUT": "30", "PS_HEARTBEAT_INTERVAL": "3", **STARTUP}
     assert env.DEAD_NODE_TIMEOUT.default == 30
 
 
 @pytest.mark.parametrize("timeout, interval", [("3", "1"), ("8", "1"), ("25", "2"), ("120", "12")])
 def test_interval_is_a_tenth_of_the_timeout_and_at_least_one_second(timeout, interval):
     out = _env([], {"BYTEPS_THC_DEAD_NODE_TIMEOUT": timeout})
-    assert out == {"PS_HEARTBEAT_TIMEOUT": timeout, "PS_HEARTBEAT_INTERVAL": interval}
+    assert out == {"PS_HEARTBEAT_TIMEOUT": timeout, "PS_HEARTBEAT_INTERVAL": interval, **STARTUP}
 
 
 def test_zero_turns_detection_off():
-    assert _env([], {"BYTEPS_THC_DEAD_NODE_TIMEOUT": "0"}) == {}
+    assert _env([], {"BYTEPS_THC_DEAD_NODE_TIMEOUT": "0"}) == STARTUP
 
 
 def test_the_users_ps_heartbeat_variables_win():
-    assert _env([], {"PS_HEARTBEAT_TIMEOUT": "50", "PS_HEARTBEAT_INTERVAL": "7"}) == {}
-    assert _env([], {"PS_HEARTBEAT_TIMEOUT": "50"}) == {"PS_HEARTBEAT_INTERVAL": "5"}
-    assert _env([], {"PS_HEARTBEAT_INTERVAL": "2"}) == {"PS_HEARTBEAT_TIMEOUT": "30"}
+    assert _env([], {"PS_HEARTBEAT_TIMEOUT": "50", "PS_HEARTBEAT_INTERVAL": "7"}) == STARTUP
+    assert _env([], {"PS_HEARTBEAT_TIMEOUT": "50"}) == {"PS_HEARTBEAT_INTERVAL": "5", **STARTUP}
+    assert _env([], {"PS_HEARTBEAT_INTERVAL": "2"}) == {"PS_HEARTBEAT_TIMEOUT": "30", **STARTUP}
 
 
 def test_stall_timeout_flag():
     out = _env(["--stall-timeout", "15"], {"BYTEPS_THC_DEAD_NODE_TIMEOUT": "0"})
-    assert out == {"BYTEPS_THC_STALL_TIMEOUT": "15"}
+    assert out == {"BYTEPS_THC_STALL_TIMEOUT": "15", **STARTUP}
     assert env.STALL_TIMEOUT.default == 0 and env.STALL_WARN.default == 60
 
 
+def test_startup_timeout_default_and_the_users_value():
+    assert env.STARTUP_TIMEOUT.default == 300
+    assert _env([], {"BYTEPS_THC_DEAD_NODE_TIMEOUT": "0"}) == STARTUP
+    # the user's value is in the environment already; ps-lite reads it there
+    assert _env([], {"BYTEPS_THC_DEAD_NODE_TIMEOUT": "0", "BYTEPS_THC_STARTUP_TIMEOUT": "7"}) == {}
+
+
 @pytest.mark.parametrize("name, value", [("BYTEPS_THC_DEAD_NODE_TIMEOUT", "2"),
+                                         ("BYTEPS_THC_STARTUP_TIMEOUT", "-1"),
+                                         ("BYTEPS_THC_STARTUP_TIMEOUT", "86401"),
                                          ("BYTEPS_THC_DEAD_NODE_TIMEOUT", "soon"),
                                          ("BYTEPS_THC_STALL_WARN", "-1"),
                                          ("BYTEPS_THC_STALL_TIMEOUT", "x")])

@@ -10,6 +10,11 @@ MODE:
                   gradient on --inject-rank at step K, --skip-step K leaves step K out and halves
                   the scale there instead. Writes OUT_DIR/amp_<rank>.json.
   nonfinite-error a NaN on rank 1 at step 1 under BYTEPS_THC_NONFINITE=error: step() must raise.
+  bad-kwargs      tensors declared with compressor kwargs that name no registered compressor (a
+                  misspelt compressor_type, and a key without the prefix MXNet's declare strips):
+                  the declare and every push_pull of them raise RuntimeError (OUT_DIR/
+                  declare-<name>_<rank>.txt, pushpull-<name>_<rank>.txt), then THC training and
+                  an uncompressed sum go on (OUT_DIR/alive_<rank>.txt: the sum's values).
   fail-cluster    rank 0 has push_pulls pending (rank 1 holds back: one in the pipeline, one of a
                   new tensor in its first push) when fail_cluster() is called: synchronize()
                   and every later push_pull must raise.
@@ -27,7 +32,8 @@ import byteps.torch as bps
 from byteps_thc import torch as bt
 
 parser = argparse.ArgumentParser()
-parser.add_argument("mode", choices=["mismatch", "amp", "nonfinite-error", "fail-cluster"])
+parser.add_argument("mode", choices=["mismatch", "amp", "nonfinite-error", "bad-kwargs",
+                                     "fail-cluster"])
 parser.add_argument("out")
 parser.add_argument("--steps", type=int, default=6)
 parser.add_argument("--inject-step", type=int, default=-1)
@@ -110,6 +116,26 @@ elif args.mode == "nonfinite-error":
     step_now[0] = 1
     if not caught("error", lambda: plain_step(model, opt, 1)):
         raise SystemExit("step() did not raise")
+
+elif args.mode == "bad-kwargs":
+    from byteps.torch import ops
+    ok = True
+    for name, kwargs in (("typo", {"compressor_type": "thx", "thc_bits": "4"}),
+                         ("noprefix", {"type": "thc", "thc_bits": "4"})):
+        ok = caught(f"declare-{name}", lambda: bt.declare(name, kwargs)) and ok
+        t = torch.ones(1 << 16)  # 256 KiB: above BYTEPS_MIN_COMPRESS_BYTES
+        ok = caught(f"pushpull-{name}", lambda: ops.synchronize(
+            ops.push_pull_async(t, average=False, name=name))) and ok
+    if not ok:
+        raise SystemExit("a declare or push_pull with unknown compressor kwargs did not raise")
+    model = model_and_data()
+    opt = distributed(model, bps.Compression.thc())
+    for step in range(2):
+        plain_step(model, opt, step)
+    total = ops.synchronize(ops.push_pull_async(torch.full((1000,), float(rank + 1)),
+                                                average=False, name="alive"))
+    with open(out("alive"), "w") as f:
+        f.write(" ".join(str(v) for v in sorted(set(total.tolist()))))
 
 elif args.mode == "fail-cluster":
     model = model_and_data()

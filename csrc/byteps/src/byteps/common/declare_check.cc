@@ -1,6 +1,7 @@
 // byteps-thc: one BytePS name, one tensor (see declare_check.h).
 // byteps-thc-build: worker
 #include "declare_check.h"
+#include "compressor/kwargs_check.h"
 
 #include <mutex>
 #include <sstream>
@@ -52,6 +53,9 @@ void RecordDeclaredTensor(const std::string& name, size_t size, int dtype) {
 }
 
 Status CheckDeclaredTensor(const std::string& name, const Tensor& tensor) {
+  // ABORTED, a failed push_pull's status (torch RuntimeError, TF InternalError, MXNetError)
+  const std::string refused = CompressorRefusal(name);
+  if (!refused.empty()) return Status::Aborted(refused);
   Declared first;
   {
     std::lock_guard<std::mutex> lock(mutex_);

@@ -22,7 +22,9 @@ namespace common {
 void RecordDeclaredTensor(const std::string& name, size_t size, int dtype);
 
 // OK when `tensor` matches what `name` was initialised with (or nothing was recorded);
-// otherwise INVALID_ARGUMENT naming the tensor, the first declaration and this tensor.
+// otherwise INVALID_ARGUMENT naming the tensor, the first declaration and this tensor. ABORTED
+// with the refusal when `name` was declared with compressor kwargs that name no registered
+// compressor (compressor/kwargs_check.h).
 Status CheckDeclaredTensor(const std::string& name, const Tensor& tensor);
 
 // "float32" ... for messages.

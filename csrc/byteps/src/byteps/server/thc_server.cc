@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "../common/compressor/impl/thc_wire.h"
+#include "../common/compressor/kwargs_check.h"
 #include "../common/logging.h"  // before utils.h, which uses BPS_LOG
 #include "../common/compressor/utils.h"
 
@@ -70,6 +71,9 @@ struct ThcKey {
   // LHC (lhc_server.h): a key whose first registration said compressor_type=lhc takes LHC's
   // registration and data push; the rounds, the pulls and the max round are the same.
   bool is_lhc = false;
+  // A registration whose kwargs name no compressor BytePS has (kwargs_check.h): the key is
+  // refused (fatal), answered as THC's are, and every round of it fails with the refusal.
+  bool refused = false;
   std::shared_ptr<LhcKey> lhc;
   // rounds
   Round data, norm, fallback;  // fallback: LHC's exact fallback round
@@ -215,6 +219,21 @@ tw::Kwargs ParseRegistration(const std::string& content, std::string* err) {
   return kwargs;
 }
 
+// Every registration of a key ends here: `refusal` (non-empty) is logged and fails every round
+// of the key (the first one wins); the registrations are answered, as BytePS's are, once every
+// worker has sent one.
+void FinishRegistration(ThcKey* k, const std::string& refusal, const ps::KVMeta& req,
+                        ps::KVServer<char>* server) {
+  if (!refusal.empty()) {
+    LOG(ERROR) << refusal;
+    if (k->fatal.empty()) k->fatal = refusal;
+  }
+  k->waiting.push_back(req);
+  if (k->waiting.size() < static_cast<size_t>(ps::NumWorkers())) return;
+  for (const auto& r : k->waiting) server->Response(r, ps::KVPairs<char>());
+  k->waiting.clear();
+}
+
 void Register(ThcKey* k, uint64_t key, const ps::KVMeta& req, const ps::KVPairs<char>& req_data,
               ps::KVServer<char>* server, size_t stored_len, int stored_dtype) {
   std::string content(req_data.vals.data(), req_data.vals.size());
@@ -270,16 +289,9 @@ void Register(ThcKey* k, uint64_t key, const ps::KVMeta& req, const ps::KVPairs<
             tw::NonfiniteName(k->nonfinite_error);
     }
   }
-  if (!err.empty()) {
-    std::string msg = "THC key " + std::to_string(key) + ": registration refused: " + err;
-    LOG(ERROR) << msg;
-    if (k->fatal.empty()) k->fatal = msg;
-  }
-  // Like BytePS's registration: answer once every worker has registered.
-  k->waiting.push_back(req);
-  if (k->waiting.size() < static_cast<size_t>(ps::NumWorkers())) return;
-  for (const auto& r : k->waiting) server->Response(r, ps::KVPairs<char>());
-  k->waiting.clear();
+  FinishRegistration(
+      k, err.empty() ? "" : "THC key " + std::to_string(key) + ": registration refused: " + err,
+      req, server);
 }
 
 // LHC's registration (lhc_server.cc does the settings): the same answer-when-all-registered and
@@ -308,15 +320,9 @@ void RegisterLhc(ThcKey* k, uint64_t key, const ps::KVMeta& req, const ps::KVPai
                 << k->num_workers << " workers";
     }
   }
-  if (!err.empty()) {
-    std::string msg = "LHC key " + std::to_string(key) + ": registration refused: " + err;
-    LOG(ERROR) << msg;
-    if (k->fatal.empty()) k->fatal = msg;
-  }
-  k->waiting.push_back(req);
-  if (k->waiting.size() < static_cast<size_t>(ps::NumWorkers())) return;
-  for (const auto& r : k->waiting) server->Response(r, ps::KVPairs<char>());
-  k->waiting.clear();
+  FinishRegistration(
+      k, err.empty() ? "" : "LHC key " + std::to_string(key) + ": registration refused: " + err,
+      req, server);
 }
 
 void DataPush(ThcKey* k, uint64_t key, const ps::KVMeta& req, const ps::KVPairs<char>& req_data,
@@ -456,10 +462,39 @@ void NormPush(ThcKey* k, uint64_t key, const ps::KVMeta& req, const ps::KVPairs<
   Complete(round, result, server, req_data);
 }
 
+using PushHandler = void (*)(ThcKey*, uint64_t, const ps::KVMeta&, const ps::KVPairs<char>&,
+                             ps::KVServer<char>*);
+
+// One request of a round of `key` (`kind`: "data", "norm" or "fallback"): a push goes to `push`,
+// a pull waits for the round. Without a `round` (a key not registered as `codec`) the request
+// is answered with an error instead (a push acknowledged, a pull given the message), never left
+// to BytePS's code, which would abort on it.
+void RoundRequest(ThcKey* k, Round* round, PushHandler push, const char* codec, const char* kind,
+                  uint64_t key, const ps::KVMeta& req, const ps::KVPairs<char>& req_data,
+                  ps::KVServer<char>* server) {
+  if (!round) {
+    std::string msg = std::string(codec) + " key " + std::to_string(key) + ": " + kind +
+                      " round from node " + std::to_string(req.sender) +
+                      " for a key not registered as " + codec;
+    LOG(ERROR) << msg;
+    if (req.push) {
+      server->Response(req, ps::KVPairs<char>());
+    } else {
+      Respond(req, req_data, MakeError(msg, 0), server);
+    }
+    return;
+  }
+  if (req.push) {
+    push(k, key, req, req_data, server);
+  } else {
+    Pull(round, key, req, req_data, server);
+  }
+}
+
 // ---- the stall inspector (thc_stall.h): its own thread, under thc_mu_ like every handler ----
 struct StallWatches {
   ps::Key raw_key = 0;  // the key as the workers send it (responses carry it back)
-  StallWatch data, norm;
+  StallWatch data, norm, fallback;
 };
 ps::KVServer<char>* stall_server_ = nullptr;
 std::unordered_map<uint64_t, StallWatches> stall_watches_;
@@ -472,8 +507,8 @@ void InspectRound(uint64_t key, const char* kind, ThcKey* k, Round* round, Stall
       watch->Look(round->completed + 1, !round->senders.empty(), now, stall_settings_, &waited);
   if (act == StallWatch::kNone) return;
   std::ostringstream os;
-  os << "THC key " << key << ", " << kind << " round " << round->completed + 1 << ": waited "
-     << static_cast<int64_t>(waited) << " s for the push of "
+  os << (k->is_lhc ? "LHC key " : "THC key ") << key << ", " << kind << " round "
+     << round->completed + 1 << ": waited " << static_cast<int64_t>(waited) << " s for the push of "
      << DescribeWorkers(MissingWorkers(round->senders))
      << " (pushed: " << DescribeWorkers(round->senders) << ")";
   if (act == StallWatch::kWarn) {
@@ -507,6 +542,10 @@ void InspectStalls() {
     ThcKey* k = it->second.get();
     InspectRound(kv.first, "data", k, &k->data, &kv.second.data, kv.second.raw_key, now);
     InspectRound(kv.first, "norm", k, &k->norm, &kv.second.norm, kv.second.raw_key, now);
+    if (k->lhc) {
+      InspectRound(kv.first, "fallback", k, &k->fallback, &kv.second.fallback, kv.second.raw_key,
+                   now);
+    }
   }
 }
 
@@ -534,16 +573,34 @@ bool ThcHandleRequest(int request_type, uint64_t key, const ps::KVMeta& req_meta
   ThcKey* k = it == thc_keys_.end() ? nullptr : it->second.get();
 
   if (request_type == kCompressed) {
-    if (!k) {
+    std::string refusal;  // why a registration names no compressor
+    if (!k || k->refused) {
       std::string content(req_data.vals.data(), req_data.vals.size());
       std::string malformed;  // Register refuses it again, with this message
       auto kwargs = ParseRegistration(content, &malformed);
       const bool lhc = LhcIsRegistration(kwargs);
-      if (!tw::IsThcKwargs(kwargs) && !lhc) return false;
-      k = (thc_keys_[key] = std::unique_ptr<ThcKey>(new ThcKey)).get();
-      k->is_lhc = lhc;
+      const bool thc = tw::IsThcKwargs(kwargs);
+      if (!thc && !lhc) {
+        refusal = malformed.empty() ? common::CheckCompressorKwargs(kwargs) : malformed;
+      }
+      if (!k && !thc && !lhc && refusal.empty()) return false;  // BytePS's own compressors
+      if (!k) {
+        k = (thc_keys_[key] = std::unique_ptr<ThcKey>(new ThcKey)).get();
+        k->is_lhc = lhc;
+        k->refused = !refusal.empty();
+      }
     }
-    if (k->is_lhc) {
+    if (k->refused) {
+      // upstream's registration would abort the server here (a null compressor's CHECK, or the
+      // registry's FATAL on an unknown name)
+      if (refusal.empty()) {
+        refusal = "another worker registered this key with kwargs that name no compressor";
+      }
+      FinishRegistration(k,
+                         "BytePS key " + std::to_string(key) + ": registration from node " +
+                             std::to_string(req_meta.sender) + " refused: " + refusal,
+                         req_meta, server);
+    } else if (k->is_lhc) {
       RegisterLhc(k, key, req_meta, req_data, server, stored_len, stored_dtype);
     } else {
       Register(k, key, req_meta, req_data, server, stored_len, stored_dtype);
@@ -552,50 +609,17 @@ bool ThcHandleRequest(int request_type, uint64_t key, const ps::KVMeta& req_meta
     return true;
   }
   if (request_type == tw::kThcNormRequest) {
-    if (!k) {
-      // A norm round for a key nobody registered as THC: answer, never abort.
-      std::string msg = "THC key " + std::to_string(key) + ": norm round from node " +
-                        std::to_string(req_meta.sender) + " for a key not registered as THC";
-      LOG(ERROR) << msg;
-      if (req_meta.push) {
-        server->Response(req_meta, ps::KVPairs<char>());
-      } else {
-        Respond(req_meta, req_data, MakeError(msg, 0), server);
-      }
-      return true;
-    }
-    if (req_meta.push) {
-      NormPush(k, key, req_meta, req_data, server);
-    } else {
-      Pull(&k->norm, key, req_meta, req_data, server);
-    }
+    RoundRequest(k, k ? &k->norm : nullptr, NormPush, "THC", "norm", key, req_meta, req_data,
+                 server);
     return true;
   }
   if (request_type == kLhcFallback) {
-    if (!k || !k->lhc) {
-      std::string msg = "LHC key " + std::to_string(key) + ": fallback round from node " +
-                        std::to_string(req_meta.sender) + " for a key not registered as LHC";
-      LOG(ERROR) << msg;
-      if (req_meta.push) {
-        server->Response(req_meta, ps::KVPairs<char>());
-      } else {
-        Respond(req_meta, req_data, MakeError(msg, 0), server);
-      }
-      return true;
-    }
-    if (req_meta.push) {
-      FallbackPush(k, key, req_meta, req_data, server);
-    } else {
-      Pull(&k->fallback, key, req_meta, req_data, server);
-    }
+    RoundRequest(k, k && k->lhc ? &k->fallback : nullptr, FallbackPush, "LHC", "fallback", key,
+                 req_meta, req_data, server);
     return true;
   }
   if (request_type != kDefault || !k) return false;
-  if (req_meta.push) {
-    DataPush(k, key, req_meta, req_data, server);
-  } else {
-    Pull(&k->data, key, req_meta, req_data, server);
-  }
+  RoundRequest(k, &k->data, DataPush, "THC", "data", key, req_meta, req_data, server);
   return true;
 }
 

@@ -14,8 +14,11 @@ namespace server {
 // length/dtype of the key's store (0/-1 before the first push). Returns true when the request
 // belongs to THC and has been answered (or queued); false leaves it to BytePS.
 //
-// THC's requests: a compressor registration whose kwargs say compressor_type=thc; every push and
-// pull of a key registered that way; and the norm round (request type thcwire::kThcNormRequest).
+// THC's requests: a compressor registration whose kwargs say compressor_type=thc (or lhc); every
+// push and pull of a key registered that way; the norm round (request type
+// thcwire::kThcNormRequest) and LHC's fallback round. A registration whose kwargs name no
+// compressor BytePS has (compressor/kwargs_check.h) is taken too and refused: BytePS's own
+// registration would abort on it; every round of that key then fails with the refusal.
 // A bad request never aborts the server: it is logged with the key and the sender, the round it
 // belongs to fails, and the pulls of that round return the error to every worker.
 bool ThcHandleRequest(int request_type, uint64_t key, const ps::KVMeta& req_meta,

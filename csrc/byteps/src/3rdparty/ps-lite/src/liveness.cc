@@ -43,6 +43,10 @@ struct State {
   DeadNodeHandler handler;
   std::string failure;
   std::atomic<bool> failed{false};
+  // the startup timeout's report
+  Node self;  // a worker or server: itself, as it registered
+  bool has_self = false;
+  std::vector<Node> registered;  // the scheduler: the nodes registered so far
 };
 
 State& G() {
@@ -50,14 +54,15 @@ State& G() {
   return *s;
 }
 
-int EnvSeconds(const char* name) {
+// `off`: what 0 means, for the warning about a bad value
+int EnvSeconds(const char* name, const char* off = "dead-node detection off") {
   const char* v = Environment::Get()->find(name);
   if (!v || !*v) return 0;
   char* end = nullptr;
   long n = std::strtol(v, &end, 10);
   if (*end != '\0' || n < 0 || n > 86400) {
     LOG(WARNING) << name << "=" << v << " is not a number of seconds in [0, 86400]; using 0 "
-                 << "(dead-node detection off)";
+                 << "(" << off << ")";
     return 0;
   }
   return static_cast<int>(n);
@@ -220,6 +225,83 @@ void Run(Van* van, int interval, int timeout) {
   }
 }
 
+// "worker 1 at 10.0.0.2:9000": a node before the scheduler gave it an id
+std::string DescribeJoining(const Node& n) {
+  std::ostringstream os;
+  os << RoleName(n.role);
+  if (n.role == Node::WORKER && n.aux_id >= 0) os << " " << n.aux_id;
+  os << " at " << n.hostname << ":" << n.port;
+  return os.str();
+}
+
+std::string Plural(size_t n, const char* word) {
+  return std::to_string(n) + " " + word + (n == 1 ? "" : "s");
+}
+
+// The cluster did not form within `timeout` seconds: says what this node waited for, and exits.
+[[noreturn]] void StartupFailed(int timeout) {
+  const size_t want_w = static_cast<size_t>(Postoffice::Get()->num_workers());
+  const size_t want_s = static_cast<size_t>(Postoffice::Get()->num_servers());
+  const Node sched = SchedulerNode();
+  std::ostringstream os;
+  os << "ps-lite: the cluster did not form within BYTEPS_THC_STARTUP_TIMEOUT=" << timeout << " s: ";
+  {
+    std::lock_guard<std::mutex> lk(G().mu);
+    if (Postoffice::Get()->is_scheduler()) {
+      size_t got_w = 0, got_s = 0;
+      std::set<int> worker_ids;
+      std::string who;
+      for (const auto& n : G().registered) {
+        if (n.role == Node::WORKER) {
+          ++got_w;
+          if (n.aux_id >= 0) worker_ids.insert(n.aux_id);
+        } else if (n.role == Node::SERVER) {
+          ++got_s;
+        } else {
+          continue;
+        }
+        who += (who.empty() ? "" : ", ") + DescribeJoining(n);
+      }
+      os << got_w << " of " << Plural(want_w, "worker") << " and " << got_s << " of "
+         << Plural(want_s, "server") << " registered with this scheduler (" << sched.hostname << ":"
+         << sched.port << ")" << (who.empty() ? "" : ": " + who) << "; missing: ";
+      std::string missing;
+      if (got_w < want_w) {
+        missing = Plural(want_w - got_w, "worker");
+        // by DMLC_WORKER_ID, where every worker that registered announced one
+        if (worker_ids.size() == got_w) {
+          std::string ids;
+          for (size_t i = 0; i < want_w; ++i) {
+            if (!worker_ids.count(static_cast<int>(i))) {
+              ids += (ids.empty() ? "" : ", ") + std::to_string(i);
+            }
+          }
+          if (!ids.empty()) missing += " (DMLC_WORKER_ID " + ids + ")";
+        }
+      }
+      if (got_s < want_s) {
+        missing += (missing.empty() ? "" : " and ") + Plural(want_s - got_s, "server");
+      }
+      os << (missing.empty() ? std::string("none (more nodes registered than expected)") : missing)
+         << ". Start the missing nodes";
+    } else {
+      os << "this " << (G().has_self ? DescribeJoining(G().self) : std::string("node"))
+         << " registered with the scheduler at " << sched.hostname << ":" << sched.port
+         << ", which never announced the complete cluster of " << Plural(want_w, "worker")
+         << " and " << Plural(want_s, "server")
+         << ": a node is missing, or the scheduler is not running or not reachable (its log "
+         << "names the missing nodes). Start the missing nodes or the scheduler";
+    }
+  }
+  os << ", and check that every node has the same DMLC_NUM_WORKER, DMLC_NUM_SERVER, "
+     << "DMLC_PS_ROOT_URI and DMLC_PS_ROOT_PORT; exiting with status " << kStartupExitStatus;
+  LOG(ERROR) << os.str();
+  std::cerr << std::flush;
+  std::fflush(stderr);
+  // _exit: the receiver thread and the caller's threads are still running
+  _exit(kStartupExitStatus);
+}
+
 }  // namespace
 
 void SetDeadNodeHandler(DeadNodeHandler handler) {
@@ -364,6 +446,27 @@ void OnDeadNodeNotice(const Message& msg) {
     G().dead.insert(dead.id);
   }
   Fail(dead, msg.meta.body + " (told by the scheduler)");
+}
+
+void RecordSelf(const Node& me) {
+  std::lock_guard<std::mutex> lk(G().mu);
+  G().self = me;
+  G().has_self = true;
+}
+
+void RecordRegistered(const std::vector<Node>& nodes) {
+  std::lock_guard<std::mutex> lk(G().mu);
+  G().registered = nodes;
+}
+
+void WaitUntilReady(const std::atomic<bool>& ready) {
+  const int timeout =
+      EnvSeconds("BYTEPS_THC_STARTUP_TIMEOUT", "wait for the cluster to form without a limit");
+  const auto deadline = Clock::now() + std::chrono::seconds(timeout);
+  while (!ready.load()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    if (timeout > 0 && !ready.load() && Clock::now() > deadline) StartupFailed(timeout);
+  }
 }
 
 }  // namespace liveness

@@ -11,9 +11,18 @@
 // - a worker or server watches the scheduler's answers and fails itself when they stop.
 // Failing runs the handler (SetDeadNodeHandler) once per process. Either variable at 0 (the
 // default) turns detection off, as upstream.
+//
+// Before all that, the cluster must form: every node registers with the scheduler, which sends
+// out the node list once DMLC_NUM_WORKER workers and DMLC_NUM_SERVER servers have. A node that
+// is never started, or a scheduler that dies first, used to leave the others waiting forever.
+// With BYTEPS_THC_STARTUP_TIMEOUT=N (seconds; bpslaunch sets it, 0 or unset waits forever, as
+// upstream) a node that waited N seconds logs what it waited for and exits with status
+// kStartupExitStatus: the scheduler names the nodes that registered and how many of each role
+// are missing, a worker or server names itself and the scheduler it registered with.
 #ifndef PS_INTERNAL_LIVENESS_H_
 #define PS_INTERNAL_LIVENESS_H_
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -35,6 +44,7 @@ class Van;
 using DeadNodeHandler = std::function<void(const Node& dead, const std::string& why)>;
 void SetDeadNodeHandler(DeadNodeHandler handler);
 constexpr int kDeadNodeExitStatus = 1;
+constexpr int kStartupExitStatus = 1;
 
 // Whether this process has learnt of a dead node, and the message it was told.
 bool ClusterFailed();
@@ -63,6 +73,10 @@ void Start(Van* van);                              // once the van is ready
 void Stop();                                       // before the van stops
 void OnHeartbeat(int sender_id);                   // a HEARTBEAT (or its answer) arrived
 void OnDeadNodeNotice(const Message& msg);         // a DEAD_NODE from the scheduler
+// The startup timeout (patch 0031)
+void RecordSelf(const Node& me);                        // a worker or server, as it registers
+void RecordRegistered(const std::vector<Node>& nodes);  // the scheduler: the nodes so far
+void WaitUntilReady(const std::atomic<bool>& ready);    // Van::Start: until the cluster formed
 }  // namespace liveness
 }  // namespace ps
 
