@@ -30,6 +30,9 @@ ISA_FLAGS = {
 # The codec cores, copied into the tree as thc/ (csrc/thc) and lhc/ (csrc/lhc), and what they
 # share (csrc/common, header-only).
 CORES = ("thc", "lhc", "common")
+# Our files outside the cores that get the codec flags too: they include the cores' headers,
+# which are C++17 (BytePS compiles its own files as C++11).
+CODEC_FILE_PREFIXES = ("thc_", "lhc_", "max_round")
 # Codec files must not fuse a*b+c nor use fast-math (BytePS builds everything with -Ofast).
 CODEC_FLAGS = ["-std=c++17", "-fno-fast-math", "-ffp-contract=off"]
 
@@ -92,12 +95,12 @@ def extra_sources(kind):
 
 
 def file_flags(src):
-    """Extra flags for one source file: the codec rule for the cores (thc/*, lhc/*, common/*),
-    thc_* and lhc_* files, none otherwise."""
+    """Extra flags for one source file: the codec rule for the cores (thc/*, lhc/*, common/*) and
+    the files named in CODEC_FILE_PREFIXES, none otherwise."""
     rel = os.path.relpath(os.path.abspath(src), HERE)
     base = os.path.basename(rel)
     core = rel.split(os.sep)[0] in CORES
-    if not (core or base.startswith(("thc_", "lhc_"))):
+    if not (core or base.startswith(CODEC_FILE_PREFIXES)):
         return []
     flags = list(CODEC_FLAGS)
     if core:
