@@ -72,6 +72,7 @@ COPY docker/pip-env.sh docker/pip-env.sh
 COPY setup.py setup.py
 COPY csrc/thc csrc/thc
 COPY csrc/lhc csrc/lhc
+COPY csrc/common csrc/common
 COPY csrc/python csrc/python
 RUN --mount=type=bind,from=runtime,source=/opt/byteps-thc/.venv,target=/opt/byteps-thc/.venv \
     mkdir -p byteps_thc /out \

@@ -1,7 +1,7 @@
 """Build of byteps_thc: the Python package and its extension byteps_thc._C.
 
-The extension holds the codec cores (csrc/thc and csrc/lhc, plain C++17) and their thin binding
-(csrc/python).
+The extension holds the codec cores (csrc/thc and csrc/lhc, plain C++17, with the headers they
+share in csrc/common) and their thin binding (csrc/python).
 SIMD kernels are compiled per file with their own -m flags and chosen at run time; nothing is built
 with -march=native. When nvcc is found, the CUDA twins (csrc/thc/cuda) are compiled and linked too
 (THC_WITH_CUDA=1); THC_CUDA=0 in the environment skips them, THC_CUDA=1 requires them.

@@ -3,7 +3,8 @@
 #   the pinned byteps==0.2.5.post15 sdist (downloaded with pip, sha256-checked)
 #   + our patch series csrc/byteps/patches/*.patch (applied in name order)
 #   + our sources: every file under csrc/byteps/src/ (same relative path in the tree)
-#     and the codec cores csrc/thc/*.{h,cc} and csrc/lhc/*.{h,cc} (into thc/ and lhc/)
+#     and the codec cores csrc/thc/*.{h,cc} and csrc/lhc/*.{h,cc} (into thc/ and lhc/), with
+#     the headers they share, csrc/common/*.h (into common/)
 # -> the server and the PyTorch plugin, built as a wheel in .cache/byteps/build/KEY/dist/ and
 #    installed from that wheel with pip (the wheel stays: the Docker image installs the same one).
 #
@@ -42,6 +43,7 @@ PATCHES="$ROOT/csrc/byteps/patches"
 SRC="$ROOT/csrc/byteps/src"
 CORE="$ROOT/csrc/thc"
 LHC_CORE="$ROOT/csrc/lhc"
+CODEC_COMMON="$ROOT/csrc/common"  # header-only: what both cores include as common/*.h
 CACHE="$ROOT/.cache/byteps"
 export BYTEPS_BUILD_JOBS="${BYTEPS_BUILD_JOBS:-2}"
 
@@ -175,6 +177,7 @@ for d in ("tensorflow", "tensorflow-cpu", "keras", "mxnet"):
   (cd "$SRC" 2>/dev/null && find . -type f ! -name '*.pyc' ! -path '*/__pycache__/*' | sort | xargs -r sha256sum)
   (cd "$CORE" && find . -maxdepth 1 -type f \( -name '*.h' -o -name '*.cc' \) | sort | xargs -r sha256sum)
   (cd "$LHC_CORE" && find . -maxdepth 1 -type f \( -name '*.h' -o -name '*.cc' \) | sort | xargs -r sha256sum)
+  (cd "$CODEC_COMMON" && find . -maxdepth 1 -type f \( -name '*.h' -o -name '*.cc' \) | sort | xargs -r sha256sum)
 } | sha256sum | cut -c1-16)"
 
 dest="${target:-$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')}"
@@ -236,7 +239,7 @@ if [ -d "$SRC" ]; then
     mkdir -p "$(dirname "$rel")"; cp "$SRC/$rel" "$rel"; echo "$rel" >> thc_added_files.txt
   done
 fi
-for core in "$CORE" "$LHC_CORE"; do  # csrc/thc -> thc/, csrc/lhc -> lhc/
+for core in "$CORE" "$LHC_CORE" "$CODEC_COMMON"; do  # csrc/{thc,lhc,common} -> {thc,lhc,common}/
   sub="$(basename "$core")"; mkdir -p "$sub"
   for f in "$core"/*.h "$core"/*.cc; do
     [ -e "$f" ] || continue

@@ -189,25 +189,14 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     else:
         ns = parser.parse_args(argv)
         ns.command = list(ns.command)
-    thc_flags = [f for f in ("thc_bits", "thc_granularity", "thc_overflow_prob", "thc_seed",
-                             "thc_rotation_block") if getattr(ns, f) is not None]
-    if ns.thc_no_error_feedback:
-        thc_flags.append("thc_no_error_feedback")
-    if thc_flags:
+    for codec in CODEC_FLAGS:  # a codec's flag selects it, and is refused with another one
+        given = _given_flags(ns, codec)
+        if not given:
+            continue
         if ns.compressor is None:
-            ns.compressor = "thc"
-        elif ns.compressor != "thc":
-            parser.error(f"--{thc_flags[0].replace('_', '-')} needs --compressor thc, "
-                         f"not {ns.compressor}")
-    lhc_flags = [f for f in ("lhc_capacity", "lhc_topk", "lhc_topk_method", "lhc_seed")
-                 if getattr(ns, f) is not None]
-    if ns.lhc_no_error_feedback:
-        lhc_flags.append("lhc_no_error_feedback")
-    if lhc_flags:
-        if ns.compressor is None:
-            ns.compressor = "lhc"
-        elif ns.compressor != "lhc":
-            parser.error(f"--{lhc_flags[0].replace('_', '-')} needs --compressor lhc, "
+            ns.compressor = codec
+        elif ns.compressor != codec:
+            parser.error(f"--{codec}-{given[0].replace('_', '-')} needs --compressor {codec}, "
                          f"not {ns.compressor}")
     if ns.compressor_k is not None and ns.compressor not in ("topk", "randomk", "dithering"):
         parser.error("--compressor-k applies to --compressor topk, randomk or dithering")
@@ -217,52 +206,58 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         parser.error("--servers needs --local N")
     if ns.local is not None and not ns.command:
         parser.error("--local needs a command: bpslaunch --local N [...] -- CMD ...")
-    if ns.compressor == "thc":
+    config = CODEC_CONFIGS.get(ns.compressor)
+    if config is not None:
         try:
-            thc_config(ns)  # validates the combination (table exists, lanes fit) before launch
+            config(ns)  # validates the combination (table exists, lanes fit) before launch
         except ValueError as e:
-            parser.error(f"invalid THC configuration: {e}")
-    if ns.compressor == "lhc":
-        try:
-            lhc_config(ns)
-        except ValueError as e:
-            parser.error(f"invalid LHC configuration: {e}")
+            parser.error(f"invalid {ns.compressor.upper()} configuration: {e}")
     return ns
+
+
+# Each codec's flags: argparse's dest is "<codec>_<field>", and each sets the codec's setting of
+# that field (env.THC, env.LHC), "no_error_feedback" error_feedback=0.
+CODEC_FLAGS = {
+    "thc": ("bits", "granularity", "overflow_prob", "seed", "rotation_block", "no_error_feedback"),
+    "lhc": ("capacity", "topk", "topk_method", "seed", "no_error_feedback"),
+}
+
+
+def _given_flags(ns: argparse.Namespace, codec: str) -> list:
+    """The fields of the codec's flags given on the command line, in CODEC_FLAGS's order."""
+    return [f for f in CODEC_FLAGS[codec] if getattr(ns, f"{codec}_{f}") not in (None, False)]
+
+
+def _codec_env(ns: argparse.Namespace, codec: str, settings: Mapping[str, env.Setting],
+               environ: Optional[Mapping[str, str]]) -> Dict[str, str]:
+    """The codec's variables already in the environment, with its flags' values over them (a
+    number as its repr, exact for a float; a word as it is)."""
+    names = {s.name for s in settings.values()}
+    out = {k: v for k, v in (os.environ if environ is None else environ).items() if k in names}
+    for field in _given_flags(ns, codec):
+        if field == "no_error_feedback":
+            out[settings["error_feedback"].name] = "0"
+        else:
+            v = getattr(ns, f"{codec}_{field}")
+            out[settings[field].name] = v if isinstance(v, str) else repr(v)
+    return out
 
 
 def lhc_config(ns: argparse.Namespace, environ: Optional[Mapping[str, str]] = None) -> LhcConfig:
     """The LhcConfig the flags describe, on top of any BYTEPS_LHC_* already in the environment."""
-    names = {s.name for s in env.LHC.values()}
-    lhc_env = {k: v for k, v in (os.environ if environ is None else environ).items()
-               if k in names}
-    for field in ("capacity", "topk", "seed"):
-        v = getattr(ns, "lhc_" + field)
-        if v is not None:
-            lhc_env[env.LHC[field].name] = repr(v)
-    if ns.lhc_topk_method is not None:
-        lhc_env[env.LHC["topk_method"].name] = ns.lhc_topk_method
-    if ns.lhc_no_error_feedback:
-        lhc_env[env.LHC["error_feedback"].name] = "0"
-    return LhcConfig.from_env(lhc_env)
+    return LhcConfig.from_env(_codec_env(ns, "lhc", env.LHC, environ))
 
 
 def thc_config(ns: argparse.Namespace, environ: Optional[Mapping[str, str]] = None) -> ThcConfig:
     """The ThcConfig the flags describe, on top of any BYTEPS_THC_* already in the environment."""
-    names = {s.name for s in env.THC.values()}
-    thc_env = {k: v for k, v in (os.environ if environ is None else environ).items()
-               if k in names}
-    for field in ("bits", "granularity", "overflow_prob", "seed"):
-        v = getattr(ns, "thc_" + field)
-        if v is not None:
-            thc_env[env.THC[field].name] = repr(v)
-    if ns.thc_rotation_block is not None:
-        thc_env[env.THC["rotation_block"].name] = str(ns.thc_rotation_block)
-    if ns.thc_no_error_feedback:
-        thc_env[env.THC["error_feedback"].name] = "0"
-    cfg = ThcConfig.from_env(thc_env)
+    cfg = ThcConfig.from_env(_codec_env(ns, "thc", env.THC, environ))
     if ns.local is not None:
         cfg.lane_bits(ns.local)  # the server's sums of N workers must fit a lane
     return cfg
+
+
+# The configuration each codec's flags describe (its to_env() is what the workers get).
+CODEC_CONFIGS: Dict[str, Callable[..., object]] = {"thc": thc_config, "lhc": lhc_config}
 
 
 def compression_env(ns: argparse.Namespace,
@@ -271,10 +266,9 @@ def compression_env(ns: argparse.Namespace,
     out: Dict[str, str] = {}
     if ns.compressor is None:
         return out
-    if ns.compressor == "thc":
-        out.update(thc_config(ns, environ).to_env())
-    if ns.compressor == "lhc":
-        out.update(lhc_config(ns, environ).to_env())
+    config = CODEC_CONFIGS.get(ns.compressor)
+    if config is not None:
+        out.update(config(ns, environ).to_env())
     out[env.COMPRESSOR.name] = ns.compressor
     out[env.COMPRESSOR_SET_BY.name] = "bpslaunch"  # the workers' "what is in force" line says so
     if ns.compressor_k is not None:

@@ -72,22 +72,6 @@ Geometry MakeGeometry(size_t d, size_t m) {
   return g;
 }
 
-uint64_t SplitMix64(uint64_t x) {
-  uint64_t z = x + 0x9E3779B97F4A7C15ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
-uint32_t Hash32(uint32_t x) {
-  x ^= x >> 16;
-  x *= 0x7FEB352Du;
-  x ^= x >> 15;
-  x *= 0x846CA68Bu;
-  x ^= x >> 16;
-  return x;
-}
-
 uint64_t PartitionSeed(uint64_t seed, uint64_t key) {
   return SplitMix64(seed ^ SplitMix64(key ^ kTagKey));
 }
@@ -97,7 +81,7 @@ void HashKeys(uint64_t pseed, uint32_t keys[3]) {
 }
 
 uint64_t RoundKey(uint64_t pseed, uint32_t rank, uint64_t step) {
-  return SplitMix64(SplitMix64(pseed ^ kTagRound) ^ SplitMix64(((uint64_t)rank << 40) ^ step));
+  return SplitMix64(SplitMix64(pseed ^ kTagRound) ^ SplitMix64(codec::RankStep(rank, step)));
 }
 
 uint32_t SampleKey(uint64_t pseed, uint32_t rank, uint64_t step) {

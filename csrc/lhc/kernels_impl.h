@@ -1,9 +1,9 @@
 // byteps-thc LHC core: the kernel family (included by kernels*.cc with LHC_ISA and LHC_W).
 //
-// Vectors are GCC/Clang vector extensions of LHC_W 32-bit lanes; the same source compiled with
-// different -m flags gives the portable, AVX2 and AVX-512 kernels. Everything is integer or
-// exact (a float add, compares on bits), so every build gives the reference's bits. Helpers
-// live in an anonymous namespace inside lhc::detail::LHC_ISA: copies built with different flags
+// Vectors are GCC/Clang vector extensions of LHC_W 32-bit lanes (the vocabulary is
+// common/simd.h); the same source compiled with different -m flags gives the portable, AVX2 and
+// AVX-512 kernels. Everything is integer or exact (a float add, compares on bits), so every
+// build gives the reference's bits. Helpers live in an anonymous namespace inside lhc::detail::LHC_ISA: copies built with different flags
 // are never merged by the linker.
 #pragma once
 
@@ -16,63 +16,27 @@
 #if !defined(LHC_ISA) || !defined(LHC_W)
 #error "define LHC_ISA and LHC_W before including kernels_impl.h"
 #endif
-#if defined(__x86_64__) && (LHC_W >= 8)
-#include <immintrin.h>
-#endif
+#define CODEC_SIMD_ISA LHC_ISA
+#define CODEC_SIMD_W LHC_W
+#include "common/simd.h"
 
 namespace lhc {
 namespace detail {
 namespace LHC_ISA {
 namespace {
 
-constexpr int W = LHC_W;
-typedef float vf __attribute__((vector_size(LHC_W * 4)));
-typedef uint32_t vu __attribute__((vector_size(LHC_W * 4)));
-typedef int32_t vi __attribute__((vector_size(LHC_W * 4)));
-typedef uint64_t vq __attribute__((vector_size(LHC_W * 8)));
-
-inline vu LoadU(const void* p) {
-  vu v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-inline void StoreU(void* p, vu v) { std::memcpy(p, &v, sizeof v); }
-inline vf LoadF(const float* p) {
-  vf v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-inline void StoreF(float* p, vf v) { std::memcpy(p, &v, sizeof v); }
-
-inline vu Hash32V(vu x) {
-  x ^= x >> 16;
-  x *= 0x7FEB352Du;
-  x ^= x >> 15;
-  x *= 0x846CA68Bu;
-  x ^= x >> 16;
-  return x;
-}
-inline uint32_t Hash32S(uint32_t x) {
-  x ^= x >> 16;
-  x *= 0x7FEB352Du;
-  x ^= x >> 15;
-  x *= 0x846CA68Bu;
-  x ^= x >> 16;
-  return x;
-}
-
-// One bit per lane, lane l at bit l, of a lane-wise mask (all ones or zero).
-inline uint32_t MoveMask(vi m) {
-#if LHC_W == 16
-  return (uint32_t)_mm512_movepi32_mask((__m512i)m);
-#elif LHC_W == 8
-  return (uint32_t)_mm256_movemask_ps((__m256)m);
-#else
-  uint32_t bits = 0;
-  for (int l = 0; l < W; ++l) bits |= (uint32_t)(m[l] != 0) << l;
-  return bits;
-#endif
-}
+using ::codec::Hash32;
+using ::codec::simd::LHC_ISA::Hash32V;
+using ::codec::simd::LHC_ISA::LoadF;
+using ::codec::simd::LHC_ISA::LoadU;
+using ::codec::simd::LHC_ISA::MoveMask;
+using ::codec::simd::LHC_ISA::StoreF;
+using ::codec::simd::LHC_ISA::StoreU;
+using ::codec::simd::LHC_ISA::vf;
+using ::codec::simd::LHC_ISA::vi;
+using ::codec::simd::LHC_ISA::vq;
+using ::codec::simd::LHC_ISA::vu;
+using ::codec::simd::LHC_ISA::W;
 
 inline uint32_t Max(uint32_t a, uint32_t b) { return a > b ? a : b; }
 
@@ -188,7 +152,7 @@ void BucketsK(const uint32_t* keys, const uint32_t* idx, size_t n, uint32_t sub,
   for (; i < n; ++i) {
     uint8_t s = 0;
     for (uint32_t j = 0; j < 3; ++j) {
-      const uint32_t h = Hash32S(idx[i] ^ keys[j]);
+      const uint32_t h = Hash32(idx[i] ^ keys[j]);
       b[3 * i + j] = (uint32_t)(((uint64_t)h * sub) >> 32) + j * sub;
       s |= (uint8_t)((h & 1u) << j);
     }

@@ -12,6 +12,9 @@
 #include <string>
 #include <vector>
 
+#include "common/hash.h"
+#include "common/limits.h"
+
 namespace lhc {
 
 enum class Status : int {
@@ -25,10 +28,10 @@ enum class Status : int {
 const char* StatusText(Status st);
 
 // Limits, inclusive.
-constexpr uint64_t kMaxSize = uint64_t{1} << 32;         // d: indices are uint32
+using codec::kMaxRank;  // the round key holds the rank in 24 bits (common/limits.h)
+using codec::kMaxSize;  // d: indices are uint32
+using codec::kMaxStep;  // ... and the step in 40
 constexpr uint64_t kMaxBuckets = 0xFFFFFFFFull / 3 * 3;  // m: bucket numbers are uint32
-constexpr uint32_t kMaxRank = (1u << 24) - 1;            // the round key holds the rank in 24 bits
-constexpr uint64_t kMaxStep = (uint64_t{1} << 40) - 1;   // ... and the step in 40
 constexpr uint32_t kMaxWorkers = (1u << 24) - 1;  // n * ceil(max * 2^e) < 2^31 needs n <= 2^30
 constexpr uint32_t kSamples = 1024;  // magnitudes sampled by the sampled top-k threshold
 
@@ -57,9 +60,9 @@ struct Geometry {
 std::string CheckGeometry(size_t d, size_t m);
 Geometry MakeGeometry(size_t d, size_t m);
 
-// Keys and streams (lhc_reference.py, "keys and streams").
-uint64_t SplitMix64(uint64_t x);
-uint32_t Hash32(uint32_t x);
+// Keys and streams (lhc_reference.py, "keys and streams"); the hashes are THC's (common/hash.h).
+using codec::Hash32;
+using codec::SplitMix64;
 uint64_t PartitionSeed(uint64_t seed, uint64_t key);
 void HashKeys(uint64_t partition_seed, uint32_t keys[3]);
 uint64_t RoundKey(uint64_t partition_seed, uint32_t rank, uint64_t step);

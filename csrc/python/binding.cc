@@ -450,7 +450,7 @@ PYBIND11_MODULE(_C, m) {
         if (name != "portable" && name != "avx2" && name != "avx512")
           Fail("unknown ISA '" + name + "'; expected portable, avx2 or avx512");
         const bool ok = thc::ForceIsa(name);
-        if (ok) lhc::ForceIsa(name);  // one cap for both cores (LHC needs less than THC)
+        if (ok) lhc::ForceIsa(name);  // one cap for both cores (one rule: common/isa.h)
         return ok;
       },
       py::arg("name"), "Caps the instruction set (THC's and LHC's); False if this CPU lacks it.");

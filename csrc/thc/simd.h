@@ -1,11 +1,11 @@
 // byteps-thc codec core: the vector vocabulary of the kernel implementation headers.
 //
 // A kernel file sets THC_ISA (namespace name) and THC_W (floats per vector: 4 portable, 8 AVX2,
-// 16 AVX-512), then includes its family's *_impl.h, which includes this. Everything here and in
-// the impl headers lives in namespace thc::detail::THC_ISA with internal linkage, so the same
-// source compiled with different -m flags can never be merged by the linker into one copy.
-// Vectors are GCC/Clang vector extensions: element-wise IEEE operations, no reassociation, no
-// contraction (-ffp-contract=off), so the results are those of the scalar definition.
+// 16 AVX-512), then includes its family's *_impl.h, which includes this. The vocabulary both
+// cores share is common/simd.h; this adds THC's own (the binary64 squares of the norm, the sign
+// stream). Everything here and in the impl headers lives in namespace thc::detail::THC_ISA with
+// internal linkage, so the same source compiled with different -m flags can never be merged by
+// the linker into one copy.
 #pragma once
 
 #include <cstddef>
@@ -16,9 +16,9 @@
 #error "define THC_ISA and THC_W before including a kernel implementation header"
 #endif
 
-#if defined(__x86_64__) && (THC_W >= 8)
-#include <immintrin.h>
-#endif
+#define CODEC_SIMD_ISA THC_ISA
+#define CODEC_SIMD_W THC_W
+#include "common/simd.h"
 
 // GCC 12 warns about the deliberately undefined source vector inside its own gather intrinsics.
 #if defined(__GNUC__) && !defined(__clang__)
@@ -30,39 +30,25 @@ namespace detail {
 namespace THC_ISA {
 namespace {
 
-constexpr int W = THC_W;
-typedef float vf __attribute__((vector_size(THC_W * 4)));
-typedef int32_t vi __attribute__((vector_size(THC_W * 4)));
-typedef uint32_t vu __attribute__((vector_size(THC_W * 4)));
-
-inline vf LoadF(const float* p) { vf v; std::memcpy(&v, p, sizeof v); return v; }
-inline void StoreF(float* p, vf v) { std::memcpy(p, &v, sizeof v); }
-// A store that bypasses the caches (p aligned to the vector): for outputs not read again soon,
-// it saves the read of the line that a plain store of a missing line costs. Plain elsewhere.
-inline void StreamF(float* p, vf v) {
-#if THC_W == 16
-  _mm512_stream_ps(p, (__m512)v);
-#elif THC_W == 8
-  _mm256_stream_ps(p, (__m256)v);
-#else
-  StoreF(p, v);
-#endif
-}
-inline void StreamFence() {
-#if THC_W >= 8
-  _mm_sfence();
-#endif
-}
-inline vu LoadU(const void* p) { vu v; std::memcpy(&v, p, sizeof v); return v; }
-inline void StoreU(void* p, vu v) { std::memcpy(p, &v, sizeof v); }
-inline vf AsF(vu v) { return (vf)v; }
-inline vu AsU(vf v) { return (vu)v; }
-inline vf BroadcastF(float x) {
-  vf v;
-  for (int l = 0; l < W; ++l) v[l] = x;
-  return v;
-}
-inline vu BroadcastU(uint32_t x) { return vu{} + x; }
+using ::codec::Hash32;
+using ::codec::simd::THC_ISA::AsF;
+using ::codec::simd::THC_ISA::AsU;
+using ::codec::simd::THC_ISA::BroadcastF;
+using ::codec::simd::THC_ISA::BroadcastU;
+using ::codec::simd::THC_ISA::FlipSign;
+using ::codec::simd::THC_ISA::Hash32V;
+using ::codec::simd::THC_ISA::Iota;
+using ::codec::simd::THC_ISA::IsFinite;
+using ::codec::simd::THC_ISA::LoadF;
+using ::codec::simd::THC_ISA::LoadU;
+using ::codec::simd::THC_ISA::StoreF;
+using ::codec::simd::THC_ISA::StoreU;
+using ::codec::simd::THC_ISA::StreamF;
+using ::codec::simd::THC_ISA::StreamFence;
+using ::codec::simd::THC_ISA::vf;
+using ::codec::simd::THC_ISA::vi;
+using ::codec::simd::THC_ISA::vu;
+using ::codec::simd::THC_ISA::W;
 
 // x's low and high halves, each widened to binary64 (exact).
 typedef double vdh __attribute__((vector_size(THC_W * 4)));  // W/2 doubles
@@ -86,22 +72,6 @@ inline void AddSquares(vf x, vdh* acc0, vdh* acc1) {
   *acc1 = *acc1 + hi * hi;
 }
 
-// Lane numbers 0..W-1.
-inline vu Iota() {
-  vu v;
-  for (int l = 0; l < W; ++l) v[l] = (uint32_t)l;
-  return v;
-}
-
-inline uint32_t Hash32(uint32_t x) {
-  x ^= x >> 16; x *= 0x7FEB352Du; x ^= x >> 15; x *= 0x846CA68Bu; x ^= x >> 16;
-  return x;
-}
-inline vu Hash32V(vu x) {
-  x ^= x >> 16; x *= 0x7FEB352Du; x ^= x >> 15; x *= 0x846CA68Bu; x ^= x >> 16;
-  return x;
-}
-
 // Sign bits (bit 31 set where neg_j) of elements j0 .. j0+W-1, j0 a multiple of W (W <= 32), so
 // they come from one 32-bit sign word.
 inline vu SignBitsV(uint32_t sign_key, uint64_t j0) {
@@ -111,12 +81,6 @@ inline vu SignBitsV(uint32_t sign_key, uint64_t j0) {
 }
 inline uint32_t SignBit(uint32_t sign_key, uint64_t j) {
   return ((Hash32(sign_key ^ (uint32_t)(j >> 5)) >> (j & 31)) & 1u) << 31;
-}
-inline float FlipSign(float x, uint32_t bit) {
-  uint32_t u; std::memcpy(&u, &x, 4); u ^= bit; std::memcpy(&x, &u, 4); return x;
-}
-inline bool IsFinite(float x) {
-  uint32_t u; std::memcpy(&u, &x, 4); return (u & 0x7F800000u) != 0x7F800000u;
 }
 
 }  // namespace

@@ -10,6 +10,9 @@
 #include <string>
 #include <vector>
 
+#include "common/hash.h"
+#include "common/limits.h"
+
 namespace thc {
 
 enum class Status : int {
@@ -26,9 +29,9 @@ const char* StatusText(Status st);
 
 // The limits of the code, inclusive. Every caller (the binding, codec.py, cuda.py, the BytePS
 // compressor) checks against these; none restates them.
-constexpr uint64_t kMaxSize = uint64_t{1} << 32;        // elements of one partition (d)
-constexpr uint32_t kMaxRank = (1u << 24) - 1;           // a round key holds the rank in 24 bits
-constexpr uint64_t kMaxStep = (uint64_t{1} << 40) - 1;  // ... and the step in the other 40
+using codec::kMaxRank;  // a round key holds the rank in 24 bits (common/limits.h)
+using codec::kMaxSize;  // elements of one partition (d)
+using codec::kMaxStep;  // ... and the step in the other 40
 constexpr uint32_t kMaxGranularity = (1u << 24) - 1;    // g: every table value exact in float32
 constexpr uint64_t kMaxRotationBlock = uint64_t{1} << 32;
 constexpr uint32_t kMaxWorkers = 0xffffffffu;           // n: a uint32 everywhere
@@ -73,9 +76,10 @@ uint64_t AutoBlock(uint64_t d);
 // Bits of one aggregation lane for n workers: 8, 16, 32; 0 if n*g does not fit 32 bits.
 int LaneBits(const Config& cfg, uint32_t num_workers);
 
-// Keys of the counter-based streams (docs/ALGORITHM.md, "Random streams").
-uint64_t SplitMix64(uint64_t x);
-uint32_t Hash32(uint32_t x);
+// Keys of the counter-based streams (docs/ALGORITHM.md, "Random streams"); the hashes are the
+// ones LHC's streams use too (common/hash.h).
+using codec::Hash32;
+using codec::SplitMix64;
 uint32_t SignKey(uint64_t seed);
 uint32_t RoundKey(uint64_t seed, uint32_t rank, uint64_t step);
 

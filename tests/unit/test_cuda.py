@@ -418,7 +418,8 @@ def _emulation_module():
     srcs.append(root / "csrc" / "python" / "binding_cuda.cc")
     srcs.append(root / "csrc" / "thc" / "config.cc")  # thc::StatusText, for status_text()
     h = hashlib.sha256()
-    for p in sorted(cuda_dir.glob("*")) + srcs:
+    common = sorted((root / "csrc" / "common").glob("*.h"))  # what common.cuh and thc.h include
+    for p in sorted(cuda_dir.glob("*")) + srcs + common:
         if p.is_file():
             h.update(p.read_bytes())
     out = root / "build" / "thc_cuda_emu" / h.hexdigest()[:16]

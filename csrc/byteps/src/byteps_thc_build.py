@@ -2,8 +2,9 @@
 
 scripts/build_byteps.sh copies every file under csrc/byteps/src/ into the BytePS tree at the same
 relative path (this one lands at the tree root, next to setup.py), copies the codec cores
-csrc/thc/*.{h,cc} to thc/ and csrc/lhc/*.{h,cc} to lhc/, and writes thc_added_files.txt (one
-copied path a line). The patched setup.py then asks this module for:
+csrc/thc/*.{h,cc} to thc/ and csrc/lhc/*.{h,cc} to lhc/ and the headers they share,
+csrc/common/*.h, to common/ (the tree root is on the include path: "common/hash.h"), and writes
+thc_added_files.txt (one copied path a line). The patched setup.py then asks this module for:
 
 - cpu_only():        the worker mode; BYTEPS_THC_CPU_ONLY=1 compiles the worker without CUDA, NCCL
                      or libnuma (the build script always sets it to 0 or 1).
@@ -26,8 +27,12 @@ ISA_FLAGS = {
     "avx2": ["-mavx2", "-mbmi2"],
     "avx512": ["-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl", "-mbmi2"],
 }
-# The codec cores, copied into the tree as thc/ (csrc/thc) and lhc/ (csrc/lhc).
-CORES = ("thc", "lhc")
+# The codec cores, copied into the tree as thc/ (csrc/thc) and lhc/ (csrc/lhc), and what they
+# share (csrc/common, header-only).
+CORES = ("thc", "lhc", "common")
+# Our files outside the cores that get the codec flags too: they include the cores' headers,
+# which are C++17 (BytePS compiles its own files as C++11).
+CODEC_FILE_PREFIXES = ("thc_", "lhc_", "max_round")
 # Codec files must not fuse a*b+c nor use fast-math (BytePS builds everything with -Ofast).
 CODEC_FLAGS = ["-std=c++17", "-fno-fast-math", "-ffp-contract=off"]
 
@@ -90,12 +95,12 @@ def extra_sources(kind):
 
 
 def file_flags(src):
-    """Extra flags for one source file: the codec rule for thc/*, lhc/*, thc_* and lhc_* files,
-    none otherwise."""
+    """Extra flags for one source file: the codec rule for the cores (thc/*, lhc/*, common/*) and
+    the files named in CODEC_FILE_PREFIXES, none otherwise."""
     rel = os.path.relpath(os.path.abspath(src), HERE)
     base = os.path.basename(rel)
     core = rel.split(os.sep)[0] in CORES
-    if not (core or base.startswith(("thc_", "lhc_"))):
+    if not (core or base.startswith(CODEC_FILE_PREFIXES)):
         return []
     flags = list(CODEC_FLAGS)
     if core:

@@ -114,9 +114,11 @@ def cuda_objects(nvcc, build_temp: Path, root: Path):
     if binding.exists():
         jobs.append((binding, out_dir / "binding_cuda.o", [nvcc] + cc_flags))
 
-    # Reuse the objects when the sources, headers and flags are unchanged.
+    # Reuse the objects when the sources, headers and flags are unchanged (the headers of
+    # csrc/common included: common.cuh and thc.h include them).
     h = hashlib.sha256()
-    for p in sorted(HERE.glob("*")) + [binding, root / "csrc" / "thc" / "thc.h"]:
+    common = sorted((root / "csrc" / "common").glob("*.h"))
+    for p in sorted(HERE.glob("*")) + [binding, root / "csrc" / "thc" / "thc.h"] + common:
         if p.is_file() and p.suffix in (".cu", ".cuh", ".h", ".cc", ".py"):
             h.update(p.name.encode())
             h.update(p.read_bytes())

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 
+#include "common/hash.h"
 #include "thc_cuda.h"
 
 #ifdef THC_CUDA_EMULATE
@@ -21,26 +22,15 @@ namespace cuda {
 namespace detail {
 
 // -- random streams (docs/ALGORITHM.md, "Random streams") -------------------------------------
-__host__ __device__ inline uint64_t SplitMix64(uint64_t x) {
-  uint64_t z = x + 0x9E3779B97F4A7C15ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-__host__ __device__ inline uint32_t Hash32(uint32_t x) {
-  x ^= x >> 16;
-  x *= 0x7FEB352Du;
-  x ^= x >> 15;
-  x *= 0x846CA68Bu;
-  x ^= x >> 16;
-  return x;
-}
+// The hashes are the CPU cores' (common/hash.h: host and device under nvcc).
+using ::codec::Hash32;
+using ::codec::SplitMix64;
 __host__ __device__ inline uint32_t SignKey(uint64_t seed) {
   return static_cast<uint32_t>(SplitMix64(seed));
 }
 __host__ __device__ inline uint32_t RoundKey(uint64_t seed, uint32_t rank, uint64_t step) {
   return static_cast<uint32_t>(SplitMix64(SplitMix64(seed ^ 0x5448435F524E4421ull) ^
-                                          SplitMix64((static_cast<uint64_t>(rank) << 40) ^ step)));
+                                          SplitMix64(::codec::RankStep(rank, step))));
 }
 
 // Sign bit (0 or 0x80000000) of padded coordinate j.

@@ -104,7 +104,10 @@ def build_client(out_dir: Path) -> Optional[Path]:
     exe = out_dir / "thc_client"
     core = sorted((ROOT / "csrc" / "thc").glob("*.cc"))
     sources = [CLIENT_SRC, THC_WIRE_SRC] + core
-    newest = max(p.stat().st_mtime for p in sources + [ps / "build" / "libps.a"])
+    # the headers they include: the core's and the ones it shares with LHC (csrc/common)
+    headers = sorted((ROOT / "csrc" / "thc").glob("*.h")) + sorted(
+        (ROOT / "csrc" / "common").glob("*.h"))
+    newest = max(p.stat().st_mtime for p in sources + headers + [ps / "build" / "libps.a"])
     if exe.is_file() and exe.stat().st_mtime > newest:
         return exe
     objs = []

@@ -3,7 +3,6 @@
 
 #include <cmath>
 #include <cstring>
-#include <limits>
 #include <sstream>
 
 #include "../compressor_registry.h"
@@ -13,71 +12,33 @@ namespace common {
 namespace compressor {
 namespace {
 
-CompressorRegistry::Register reg(
-    "lhc_compressor",
-    [](const kwargs_t& kwargs, size_t size, DataType dtype) -> std::unique_ptr<Compressor> {
-      lhcwire::LhcSettings settings;
-      std::string err = lhcwire::ParseLhcKwargs(kwargs, &settings);
-      if (!err.empty()) {
-        err = "invalid LHC compressor kwargs: " + err;
-      } else if (dtype != BYTEPS_FLOAT32) {
-        // the adapters push compressed tensors as float32 (byteps_thc.compression)
-        err = "LHC compresses float32 tensors, not BytePS dtype " +
-              std::to_string(static_cast<int>(dtype));
-      }
-      if (!err.empty()) return std::unique_ptr<Compressor>(new LhcCompressor(size, dtype, err));
-      return std::unique_ptr<Compressor>(new LhcCompressor(size, dtype, settings));
-    });
-
-// The first NaN among n floats (bit test: BytePS's -Ofast may fold std::isnan to false).
-bool HasNaN(const float* x, size_t n) {
-  for (size_t i = 0; i < n; ++i) {
-    uint32_t b;
-    std::memcpy(&b, x + i, 4);
-    if ((b & 0x7FFFFFFFu) > 0x7F800000u) return true;
-  }
-  return false;
+std::unique_ptr<Compressor> MakeLhc(const kwargs_t& kwargs, size_t size, DataType dtype) {
+  // the adapters push compressed tensors as float32 (byteps_thc.compression)
+  static const CodecDtypes kDtypes{{BYTEPS_FLOAT32}, "float32"};
+  return MakeMaxRoundCompressor<LhcCompressor>(kwargs, size, dtype, "LHC", lhcwire::ParseLhcKwargs,
+                                               kDtypes);
 }
+
+CompressorRegistry::Register reg("lhc_compressor", MakeLhc);
 
 }  // namespace
 
 LhcCompressor::LhcCompressor(size_t size, DataType dtype, lhcwire::LhcSettings settings)
-    : Compressor(size, dtype), settings_(settings) {
-  norm_reply_.resize(sizeof(thcwire::PullHeader) + thcwire::kMaxErrorBytes);
-}
+    : MaxRoundCompressor(size, dtype, ""), settings_(settings) {}
 
 LhcCompressor::LhcCompressor(size_t size, DataType dtype, std::string error)
-    : Compressor(size, dtype), invalid_(std::move(error)) {
-  norm_reply_.resize(sizeof(thcwire::PullHeader) + thcwire::kMaxErrorBytes);
-}
+    : MaxRoundCompressor(size, dtype, std::move(error)) {}
 
 LhcCompressor::~LhcCompressor() = default;
 
-std::string LhcCompressor::TakeError() {
-  std::string e;
-  e.swap(error_);
-  return e;
-}
-
-void LhcCompressor::FillNonFinite(char* out, bool nan) const {
-  const uint32_t v = nan ? 0x7FC00000u : 0x7F800000u;
-  for (size_t i = 0; i < d_; ++i) std::memcpy(out + 4 * i, &v, 4);
-}
-
 std::string LhcCompressor::Bind(uint64_t key, size_t bytes, uint32_t rank,
                                 const std::string& name) {
-  if (!invalid_.empty()) return invalid_;
-  if (bytes == 0 || bytes % 4) return "partition of " + std::to_string(bytes) + " bytes";
-  const size_t d = bytes / 4;
-  if (encoder_) {
-    if (key != key_ || d != d_) {
-      return "compressor bound to key " + std::to_string(key_) + " (" + std::to_string(d_) +
-             " elements) used for key " + std::to_string(key) + " (" + std::to_string(d) + ")";
-    }
-    return "";
-  }
+  size_t d = 0;
+  bool again = false;
+  std::string err = CheckBind(key, bytes, &d, &again);
+  if (!err.empty() || again) return err;
   if (rank > lhc::kMaxRank) return "rank " + std::to_string(rank) + " is beyond LHC's limit";
-  std::string err = lhcwire::PartitionGeometry(settings_, d, &geo_);
+  err = lhcwire::PartitionGeometry(settings_, d, &geo_);
   if (!err.empty()) return err;
   key_ = key;
   name_ = name;
@@ -97,18 +58,14 @@ std::string LhcCompressor::Bind(uint64_t key, size_t bytes, uint32_t rank,
 std::string LhcCompressor::LocalNorm(tensor_t grad, double* max_abs, std::string* nonfinite) {
   nonfinite->clear();
   if (!encoder_) return "the max was asked for before the partition was bound";
-  if (grad.size != d_ * 4)
-    return "a gradient of " + std::to_string(grad.size) + " bytes for a partition of " +
-           std::to_string(d_ * 4);
+  std::string err = CheckGradient(grad);
+  if (!err.empty()) return err;
   const float* x = reinterpret_cast<const float*>(grad.data);
-  std::string err;
   lhc::Status st = encoder_->MaxAbs(x, max_abs, &err);
   if (st == lhc::Status::kOk) return "";
   if (st == lhc::Status::kNonFinite) {
     // the residual holds only finite values that the encoder kept from finite inputs
-    const bool nan = HasNaN(x, d_);
-    *max_abs = nan ? std::numeric_limits<double>::quiet_NaN() : HUGE_VAL;
-    *nonfinite = nan ? "NaN" : "Inf";
+    ClassifyNonFinite(x, max_abs, nonfinite);
     return "";
   }
   return err.empty() ? lhc::StatusText(st) : err;
@@ -118,15 +75,10 @@ tensor_t LhcCompressor::Compress(tensor_t grad) {
   // The failure push: the header alone, count 0 ("this worker could not encode").
   const lhc::Header failed{lhc::kMagic, lhc::kVersion, 0, 0, 0, fingerprint_};
   if (send_.size() < lhc::kHeaderBytes) send_.assign(lhc::kHeaderBytes, 0);
-  error_.clear();
-  if (!encoder_) {
-    error_ = "compress before the THC_NORM stage bound the partition";
-  } else if (grad.size != d_ * 4) {
-    error_ = "a gradient of " + std::to_string(grad.size) + " bytes for a partition of " +
-             std::to_string(d_ * 4);
-  } else if (num_workers_ == 0) {
+  error_ = CheckCompress(grad);
+  if (error_.empty() && num_workers_ == 0)
     error_ = "compress before the max round said how many workers there are";
-  } else {
+  if (error_.empty()) {
     std::string err;
     lhc::Status st = encoder_->Encode(reinterpret_cast<const float*>(grad.data), max_abs_,
                                       num_workers_, reinterpret_cast<uint8_t*>(send_.data()), &err);
@@ -146,15 +98,12 @@ tensor_t LhcCompressor::Compress(tensor_t grad) {
 
 std::string LhcCompressor::ParseNormReply(size_t bytes, double* max_abs) const {
   thcwire::PullHeader h;
-  if (bytes < sizeof(h)) return "max-round reply of " + std::to_string(bytes) + " bytes";
-  std::memcpy(&h, norm_reply_.data(), sizeof(h));
-  if (h.magic != thcwire::kPullMagic || sizeof(h) + h.payload_bytes != bytes)
-    return "malformed max-round reply (" + std::to_string(bytes) + " bytes)";
-  if (h.status != 0) return std::string(norm_reply_.data() + sizeof(h), h.payload_bytes);
-  if (h.payload_bytes != sizeof(double)) return "max-round reply without a double";
+  double value = 0;
+  std::string err = CheckMaxReply(bytes, "max-round", &h, &value);
+  if (!err.empty()) return err;
   if (h.num_workers == 0 || h.num_workers > lhc::kMaxWorkers)
     return "max-round reply for " + std::to_string(h.num_workers) + " workers";
-  std::memcpy(max_abs, norm_reply_.data() + sizeof(h), sizeof(double));
+  *max_abs = value;
   // NaN and +inf are agreed non-finite values (the step is skipped); a negative one is malformed.
   if (*max_abs < 0) return "negative max |v|";
   num_workers_ = h.num_workers;
@@ -163,35 +112,17 @@ std::string LhcCompressor::ParseNormReply(size_t bytes, double* max_abs) const {
 
 tensor_t LhcCompressor::Decompress(tensor_t compressed) {
   const tensor_t none{compressed.data, 0, compressed.dtype};
-  error_.clear();
   fallback_pending_ = false;
   thcwire::PullHeader h;
-  std::ostringstream os;
-  if (!encoder_) {
-    os << "decompress before the partition was bound";
-  } else if (compressed.size < sizeof(h) || compressed.size > recv_.size()) {
-    os << "pulled " << compressed.size << " bytes, not an LHC reply (a " << sizeof(h)
-       << "-byte header and at most " << recv_.size() - sizeof(h) << " bytes)";
-  } else {
-    std::memcpy(&h, recv_.data(), sizeof(h));
-    if (h.magic != thcwire::kPullMagic) {
-      os << "the pulled bytes are not an LHC reply (magic 0x" << std::hex << h.magic << ")";
-    } else if (sizeof(h) + h.payload_bytes != compressed.size) {
-      os << "truncated reply: its header says " << h.payload_bytes << " bytes follow, "
-         << compressed.size - sizeof(h) << " did";
-    } else if (h.status != 0) {
-      os << "the server failed round " << h.round << ": "
-         << std::string(recv_.data() + sizeof(h), h.payload_bytes);
-    } else if (h.num_workers != num_workers_ || h.payload_bytes != geo_.payload_bytes) {
-      os << "reply of " << h.payload_bytes << " bytes for " << h.num_workers
-         << " workers; this partition has " << geo_.payload_bytes << "-byte payloads and "
-         << num_workers_ << " workers";
-    }
-  }
-  if (!os.str().empty()) {
+  error_ = CheckPullReply(compressed.size, "an LHC", &h);
+  if (error_.empty() && (h.num_workers != num_workers_ || h.payload_bytes != geo_.payload_bytes)) {
+    std::ostringstream os;
+    os << "reply of " << h.payload_bytes << " bytes for " << h.num_workers
+       << " workers; this partition has " << geo_.payload_bytes << "-byte payloads and "
+       << num_workers_ << " workers";
     error_ = os.str();
-    return none;
   }
+  if (!error_.empty()) return none;
   float* out = reinterpret_cast<float*>(compressed.data);
   lhc::DecodeResult res;
   std::string err;

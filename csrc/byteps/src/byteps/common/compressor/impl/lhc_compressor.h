@@ -12,7 +12,8 @@
 // A peeling failure is the same on every worker (the same sums): the exact fallback round
 // (lhc_wire.h) sends each worker's values at the unresolved indices and completes the decode;
 // it is counted and logged, never lossy.
-// Nothing here aborts on a worker's input or a peer's reply.
+// Nothing here aborts on a worker's input or a peer's reply. The plumbing THC's compressor
+// shares (buffers, checks, registration) is max_round_compressor.h.
 #ifndef BYTEPS_COMPRESSOR_LHC_COMPRESSOR_H
 #define BYTEPS_COMPRESSOR_LHC_COMPRESSOR_H
 
@@ -20,15 +21,14 @@
 #include <string>
 #include <vector>
 
-#include "../compressor.h"
 #include "lhc_wire.h"
-#include "max_round.h"
+#include "max_round_compressor.h"
 
 namespace byteps {
 namespace common {
 namespace compressor {
 
-class LhcCompressor : public Compressor, public MaxRound {
+class LhcCompressor : public MaxRoundCompressor {
  public:
   LhcCompressor(size_t size, DataType dtype, lhcwire::LhcSettings settings);
   // A compressor that could not be made: Bind() returns `error` (the push_pull fails with it).
@@ -48,18 +48,9 @@ class LhcCompressor : public Compressor, public MaxRound {
   bool bound() const override { return encoder_ != nullptr; }
   std::string LocalNorm(tensor_t grad, double* max_abs, std::string* nonfinite) override;
   void set_max_norm(double m) override { max_abs_ = m; }
-  uint64_t fingerprint() const override { return fingerprint_; }
   bool nonfinite_error() const override { return settings_.nonfinite_error; }
-  uint64_t CountNonfiniteSkip() override { return ++nonfinite_skips_; }
-  void FillNonFinite(char* out, bool nan) const override;
-  thcwire::NormPush* norm_push() override { return &norm_push_; }
-  char* norm_reply() override { return norm_reply_.data(); }
-  size_t norm_reply_capacity() const override { return norm_reply_.size(); }
   // Also takes n, the number of workers, from the reply (the scale needs it).
   std::string ParseNormReply(size_t bytes, double* max_abs) const override;
-  char* receive_buffer() override { return recv_.data(); }
-  size_t receive_capacity() const override { return recv_.size(); }
-  std::string TakeError() override;
 
   // ---- the exact fallback round (lhcwire::kLhcFallbackRequest, common/lhc_stage.cc) ----
   // True after a Decompress whose peeling left indices unresolved: the push_pull is not done
@@ -79,9 +70,6 @@ class LhcCompressor : public Compressor, public MaxRound {
 
  private:
   lhcwire::LhcSettings settings_;
-  std::string invalid_;
-  std::string error_;
-  uint64_t nonfinite_skips_ = 0;
   bool fallback_pending_ = false;
   uint64_t fallback_rounds_ = 0;
   uint64_t fallback_indices_ = 0;
@@ -93,16 +81,8 @@ class LhcCompressor : public Compressor, public MaxRound {
   lhc::Geometry geo_;
   uint64_t pseed_ = 0;
   std::unique_ptr<lhc::Encoder> encoder_;
-  uint64_t key_ = 0;
-  std::string name_;
-  size_t d_ = 0;
-  uint64_t fingerprint_ = 0;
   double max_abs_ = 0.0;
   mutable uint32_t num_workers_ = 0;  // from the max round's reply
-  std::vector<char> send_;
-  std::vector<char> recv_;
-  thcwire::NormPush norm_push_{};
-  std::vector<char> norm_reply_;
 };
 
 }  // namespace compressor

@@ -6,8 +6,9 @@
 // pushes NormPush (fingerprint, value) under the partition's key with thcwire::kThcNormRequest,
 // pulls the max (the server's NormPush, thc_server.cc) and hands it back by set_max_norm(); a NaN
 // or Inf skips the step on every worker (or fails it), exactly as for THC. The compressors
-// (ThcCompressor, LhcCompressor) implement this interface beside BytePS's Compressor, and the
-// stage reaches them by dynamic_cast.
+// (ThcCompressor, LhcCompressor) implement this interface beside BytePS's Compressor, through
+// their common base MaxRoundCompressor (max_round_compressor.h), and the stage reaches them by
+// dynamic_cast.
 #ifndef BYTEPS_COMPRESSOR_MAX_ROUND_H
 #define BYTEPS_COMPRESSOR_MAX_ROUND_H
 

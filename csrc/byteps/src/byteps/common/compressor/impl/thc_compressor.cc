@@ -3,7 +3,6 @@
 
 #include <cmath>
 #include <cstring>
-#include <limits>
 #include <sstream>
 
 #include "../compressor_registry.h"
@@ -13,25 +12,14 @@ namespace common {
 namespace compressor {
 namespace {
 
-CompressorRegistry::Register reg(
-    "thc_compressor",
-    [](const kwargs_t& kwargs, size_t size, DataType dtype) -> std::unique_ptr<Compressor> {
-      thcwire::ThcSettings settings;
-      std::string err = thcwire::ParseThcKwargs(kwargs, &settings);
-      if (!err.empty()) {
-        err = "invalid THC compressor kwargs: " + err;
-      } else if (dtype != BYTEPS_FLOAT32 && dtype != BYTEPS_FLOAT16 && dtype != BYTEPS_FLOAT64) {
-        err = "THC compresses float32, float16 and float64 tensors, not BytePS dtype " +
-              std::to_string(static_cast<int>(dtype));
-      }
-      // An invalid one still stands in, so that the push_pull fails with the message.
-      if (!err.empty()) return std::unique_ptr<Compressor>(new ThcCompressor(size, dtype, err));
-      return std::unique_ptr<Compressor>(new ThcCompressor(size, dtype, std::move(settings)));
-    });
-
-size_t ElementBytes(int dtype) {
-  return dtype == BYTEPS_FLOAT64 ? 8 : dtype == BYTEPS_FLOAT16 ? 2 : 4;
+std::unique_ptr<Compressor> MakeThc(const kwargs_t& kwargs, size_t size, DataType dtype) {
+  static const CodecDtypes kDtypes{{BYTEPS_FLOAT32, BYTEPS_FLOAT16, BYTEPS_FLOAT64},
+                                   "float32, float16 and float64"};
+  return MakeMaxRoundCompressor<ThcCompressor>(kwargs, size, dtype, "THC", thcwire::ParseThcKwargs,
+                                               kDtypes);
 }
+
+CompressorRegistry::Register reg("thc_compressor", MakeThc);
 
 // IEEE binary16 <-> binary32, round to nearest even.
 float HalfToFloat(uint16_t h) {
@@ -78,49 +66,19 @@ uint16_t FloatToHalf(float f) {
 }  // namespace
 
 ThcCompressor::ThcCompressor(size_t size, DataType dtype, thcwire::ThcSettings settings)
-    : Compressor(size, dtype), settings_(std::move(settings)) {
-  norm_reply_.resize(sizeof(thcwire::PullHeader) + thcwire::kMaxErrorBytes);
-}
+    : MaxRoundCompressor(size, dtype, ""), settings_(std::move(settings)) {}
 
 ThcCompressor::ThcCompressor(size_t size, DataType dtype, std::string error)
-    : Compressor(size, dtype), invalid_(std::move(error)) {
-  norm_reply_.resize(sizeof(thcwire::PullHeader) + thcwire::kMaxErrorBytes);
-}
+    : MaxRoundCompressor(size, dtype, std::move(error)) {}
 
 ThcCompressor::~ThcCompressor() = default;
 
-std::string ThcCompressor::TakeError() {
-  std::string e;
-  e.swap(error_);
-  return e;
-}
-
-void ThcCompressor::FillNonFinite(char* out, bool nan) const {
-  if (_dtype == BYTEPS_FLOAT16) {
-    const uint16_t v = nan ? 0x7E00u : 0x7C00u;
-    for (size_t i = 0; i < d_; ++i) std::memcpy(out + 2 * i, &v, 2);
-  } else if (_dtype == BYTEPS_FLOAT64) {
-    const uint64_t v = nan ? 0x7FF8000000000000ull : 0x7FF0000000000000ull;
-    for (size_t i = 0; i < d_; ++i) std::memcpy(out + 8 * i, &v, 8);
-  } else {
-    const uint32_t v = nan ? 0x7FC00000u : 0x7F800000u;
-    for (size_t i = 0; i < d_; ++i) std::memcpy(out + 4 * i, &v, 4);
-  }
-}
-
 std::string ThcCompressor::Bind(uint64_t key, size_t bytes, uint32_t rank,
                                 const std::string& name) {
-  if (!invalid_.empty()) return invalid_;
-  size_t elem = ElementBytes(_dtype);
-  if (bytes == 0 || bytes % elem) return "partition of " + std::to_string(bytes) + " bytes";
-  size_t d = bytes / elem;
-  if (encoder_) {
-    if (key != key_ || d != d_) {
-      return "compressor bound to key " + std::to_string(key_) + " (" + std::to_string(d_) +
-             " elements) used for key " + std::to_string(key) + " (" + std::to_string(d) + ")";
-    }
-    return "";
-  }
+  size_t d = 0;
+  bool again = false;
+  std::string err = CheckBind(key, bytes, &d, &again);
+  if (!err.empty() || again) return err;
   key_ = key;
   name_ = name;
   d_ = d;
@@ -162,30 +120,17 @@ static std::string StatusMessage(thc::Status st, double max_norm) {
   }
 }
 
-// The first NaN among n floats (bit test: BytePS's -Ofast may fold std::isnan to false).
-static bool HasNaN(const float* x, size_t n) {
-  for (size_t i = 0; i < n; ++i) {
-    uint32_t b;
-    std::memcpy(&b, x + i, 4);
-    if ((b & 0x7FFFFFFFu) > 0x7F800000u) return true;
-  }
-  return false;
-}
-
 std::string ThcCompressor::LocalNorm(tensor_t grad, double* norm, std::string* nonfinite) {
   nonfinite->clear();
   if (!encoder_) return "the norm was asked for before the partition was bound";
-  if (grad.size != d_ * ElementBytes(_dtype))
-    return "a gradient of " + std::to_string(grad.size) + " bytes for a partition of " +
-           std::to_string(d_ * ElementBytes(_dtype));
+  std::string err = CheckGradient(grad);
+  if (!err.empty()) return err;
   const float* x = AsFloat(grad);
   thc::Status st = encoder_->Norm(x, norm);
   if (st == thc::Status::kOk) return "";
   if (st == thc::Status::kNonFinite) {
     // the norm reads the gradient and the residual, and the residual is always finite
-    const bool nan = HasNaN(x, d_);
-    *norm = nan ? std::numeric_limits<double>::quiet_NaN() : HUGE_VAL;
-    *nonfinite = nan ? "NaN" : "Inf";
+    ClassifyNonFinite(x, norm, nonfinite);
     return "";
   }
   if (st == thc::Status::kOverflow) {
@@ -200,13 +145,8 @@ tensor_t ThcCompressor::Compress(tensor_t grad) {
   thcwire::PushHeader h{thcwire::kPushMagic, thcwire::kWireVersion, fingerprint_};
   if (send_.size() < sizeof(h)) send_.assign(sizeof(h), 0);
   std::memcpy(send_.data(), &h, sizeof(h));
-  error_.clear();
-  if (!encoder_) {
-    error_ = "compress before the THC_NORM stage bound the partition";
-  } else if (grad.size != d_ * ElementBytes(_dtype)) {
-    error_ = "a gradient of " + std::to_string(grad.size) + " bytes for a partition of " +
-             std::to_string(d_ * ElementBytes(_dtype));
-  } else {
+  error_ = CheckCompress(grad);
+  if (error_.empty()) {
     auto st = encoder_->Encode(AsFloat(grad), max_norm_,
                                reinterpret_cast<uint8_t*>(send_.data() + sizeof(h)));
     if (st != thc::Status::kOk) error_ = "encode failed: " + StatusMessage(st, max_norm_);
@@ -217,13 +157,8 @@ tensor_t ThcCompressor::Compress(tensor_t grad) {
 
 std::string ThcCompressor::ParseNormReply(size_t bytes, double* max_norm) const {
   thcwire::PullHeader h;
-  if (bytes < sizeof(h)) return "norm reply of " + std::to_string(bytes) + " bytes";
-  std::memcpy(&h, norm_reply_.data(), sizeof(h));
-  if (h.magic != thcwire::kPullMagic || sizeof(h) + h.payload_bytes != bytes)
-    return "malformed norm reply (" + std::to_string(bytes) + " bytes)";
-  if (h.status != 0) return std::string(norm_reply_.data() + sizeof(h), h.payload_bytes);
-  if (h.payload_bytes != sizeof(double)) return "norm reply without a double";
-  std::memcpy(max_norm, norm_reply_.data() + sizeof(h), sizeof(double));
+  std::string err = CheckMaxReply(bytes, "norm", &h, max_norm);
+  if (!err.empty()) return err;
   // NaN and +inf are agreed non-finite norms (the step is skipped); a negative one is malformed.
   if (*max_norm < 0) return "negative max norm";
   return "";
@@ -231,39 +166,21 @@ std::string ThcCompressor::ParseNormReply(size_t bytes, double* max_norm) const 
 
 tensor_t ThcCompressor::Decompress(tensor_t compressed) {
   const tensor_t none{compressed.data, 0, compressed.dtype};
-  error_.clear();
   thcwire::PullHeader h;
-  std::ostringstream os;
-  if (!encoder_) {
-    os << "decompress before the partition was bound";
-  } else if (compressed.size < sizeof(h) || compressed.size > recv_.size()) {
-    os << "pulled " << compressed.size << " bytes, not a THC reply (a " << sizeof(h)
-       << "-byte header and at most " << recv_.size() - sizeof(h) << " bytes)";
-  } else {
-    std::memcpy(&h, recv_.data(), sizeof(h));
-    if (h.magic != thcwire::kPullMagic) {
-      os << "the pulled bytes are not a THC reply (magic 0x" << std::hex << h.magic << ")";
-    } else if (sizeof(h) + h.payload_bytes != compressed.size) {
-      os << "truncated reply: its header says " << h.payload_bytes << " bytes follow, "
-         << compressed.size - sizeof(h) << " did";
-    } else if (h.status != 0) {
-      os << "the server failed round " << h.round << ": "
-         << std::string(recv_.data() + sizeof(h), h.payload_bytes);
-    } else {
-      const thc::Geometry& geo = encoder_->geometry();
-      const int w = thc::SumBits(cfg_, h.num_workers);
-      if (w == 0 || w != static_cast<int>(h.lane_bits) ||
-          h.payload_bytes != thc::PackedSumsBytes(geo.padded, w)) {
-        os << "reply with " << h.lane_bits << "-bit sums for " << h.num_workers << " workers and "
-           << h.payload_bytes << " bytes does not fit " << geo.padded << " coordinates (" << w
-           << "-bit sums for granularity " << cfg_.granularity << ")";
-      }
+  error_ = CheckPullReply(compressed.size, "a THC", &h);
+  if (error_.empty()) {
+    const thc::Geometry& geo = encoder_->geometry();
+    const int w = thc::SumBits(cfg_, h.num_workers);
+    if (w == 0 || w != static_cast<int>(h.lane_bits) ||
+        h.payload_bytes != thc::PackedSumsBytes(geo.padded, w)) {
+      std::ostringstream os;
+      os << "reply with " << h.lane_bits << "-bit sums for " << h.num_workers << " workers and "
+         << h.payload_bytes << " bytes does not fit " << geo.padded << " coordinates (" << w
+         << "-bit sums for granularity " << cfg_.granularity << ")";
+      error_ = os.str();
     }
   }
-  if (!os.str().empty()) {
-    error_ = os.str();
-    return none;
-  }
+  if (!error_.empty()) return none;
   // The decoded sum (n times the mean, n folded into the decode's scale): BytePS's pull yields
   // sums (average=True divides by n).
   float* out = _dtype == BYTEPS_FLOAT32 ? reinterpret_cast<float*>(compressed.data)

@@ -11,7 +11,8 @@
 //               average=True divides by n).
 // Nothing here aborts on a worker's input or a peer's reply: a call that fails says why (Bind,
 // LocalNorm, ParseNormReply return the message; Compress and Decompress leave it for TakeError),
-// and the stages (common/thc_stage.cc) fail the push_pull with it (common/thc_failure.h).
+// and the stages (common/thc_stage.cc) fail the push_pull with it (common/thc_failure.h). The
+// plumbing LHC's compressor shares (buffers, checks, registration) is max_round_compressor.h.
 #ifndef BYTEPS_COMPRESSOR_THC_COMPRESSOR_H
 #define BYTEPS_COMPRESSOR_THC_COMPRESSOR_H
 
@@ -19,15 +20,14 @@
 #include <string>
 #include <vector>
 
-#include "../compressor.h"
-#include "max_round.h"
+#include "max_round_compressor.h"
 #include "thc_wire.h"
 
 namespace byteps {
 namespace common {
 namespace compressor {
 
-class ThcCompressor : public Compressor, public MaxRound {
+class ThcCompressor : public MaxRoundCompressor {
  public:
   ThcCompressor(size_t size, DataType dtype, thcwire::ThcSettings settings);
   // A compressor that could not be made (invalid kwargs, a dtype THC does not take): Bind()
@@ -40,40 +40,23 @@ class ThcCompressor : public Compressor, public MaxRound {
   tensor_t Compress(tensor_t grad) override;
   // On failure (the server's error, a malformed reply): nothing decoded, TakeError() says why.
   tensor_t Decompress(tensor_t compressed) override;
-  // Why the last Compress/Decompress failed ("" if it did not); clears it.
-  std::string TakeError();
 
-  // ---- THC_NORM stage ----
+  // ---- THC_NORM stage (MaxRound) ----
   // Binds the partition on first use: its BytePS key (mixed into the seed), its length in bytes,
   // this worker's rank (the rounding stream) and the partition's name (for messages).
   // Returns "" or an error message. Later calls must agree.
-  std::string Bind(uint64_t key, size_t bytes, uint32_t rank, const std::string& name);
-  bool bound() const { return encoder_ != nullptr; }
+  std::string Bind(uint64_t key, size_t bytes, uint32_t rank, const std::string& name) override;
+  bool bound() const override { return encoder_ != nullptr; }
   // ||grad + residual||_2 of the partition (it rotates the gradient with error feedback, and
   // Compress() reuses that); "" or what went wrong, in words. A NaN in the gradient gives a NaN
   // norm, an Inf (or a rotation that overflows float32) +inf, and *nonfinite then says which
   // ("" for a finite norm). Nothing of the encoder's state (residual, step) changes.
-  std::string LocalNorm(tensor_t grad, double* norm, std::string* nonfinite);
-  void set_max_norm(double m) { max_norm_ = m; }
+  std::string LocalNorm(tensor_t grad, double* norm, std::string* nonfinite) override;
+  void set_max_norm(double m) override { max_norm_ = m; }
   double max_norm() const { return max_norm_; }
-  uint64_t fingerprint() const { return fingerprint_; }
-  uint64_t key() const { return key_; }
-  bool nonfinite_error() const { return settings_.nonfinite_error; }
-  // A step of this partition skipped because the agreed norm was not finite: its count so far.
-  uint64_t CountNonfiniteSkip() { return ++nonfinite_skips_; }
-  // Writes the partition's d elements (in its dtype) as NaN, or as +inf when !nan.
-  void FillNonFinite(char* out, bool nan) const;
-
-  // Stable buffers for the norm round's ps-lite messages.
-  thcwire::NormPush* norm_push() { return &norm_push_; }
-  char* norm_reply() { return norm_reply_.data(); }
-  size_t norm_reply_capacity() const { return norm_reply_.size(); }
+  bool nonfinite_error() const override { return settings_.nonfinite_error; }
   // Checks a norm-round reply; "" and *max_norm set, or the server's/the format's error.
-  std::string ParseNormReply(size_t bytes, double* max_norm) const;
-
-  // ---- PULL stage ----
-  char* receive_buffer() { return recv_.data(); }
-  size_t receive_capacity() const { return recv_.size(); }
+  std::string ParseNormReply(size_t bytes, double* max_norm) const override;
 
   const thcwire::ThcSettings& settings() const { return settings_; }
 
@@ -81,21 +64,10 @@ class ThcCompressor : public Compressor, public MaxRound {
   const float* AsFloat(tensor_t grad);  // grad as float32 (converted into scratch_ if needed)
 
   thcwire::ThcSettings settings_;
-  std::string invalid_;  // non-empty: the compressor could not be made, Bind() fails with it
-  std::string error_;    // why the last Compress/Decompress failed
-  uint64_t nonfinite_skips_ = 0;
   thc::Config cfg_;  // the partition's (seed mixed with the key)
   std::unique_ptr<thc::Encoder> encoder_;
-  uint64_t key_ = 0;
-  std::string name_;
-  size_t d_ = 0;
-  uint64_t fingerprint_ = 0;
   double max_norm_ = 0.0;
-  std::vector<char> send_;
-  std::vector<char> recv_;
   std::vector<float> scratch_;
-  thcwire::NormPush norm_push_{};
-  std::vector<char> norm_reply_;
 };
 
 }  // namespace compressor
