@@ -42,9 +42,13 @@ void DecodeRuns(const Config& cfg, const Geometry& geo, int lane_bits, uint32_t 
     const size_t end = std::min(runs[r].end, std::max(runs[r].start, d));
     first[r + 1] = first[r] + (end - runs[r].start + chunk - 1) / chunk;
   }
+  // Several chunks go to the threads; a partition of one chunk (one block) runs its kernel on
+  // them instead.
   const size_t tasks = first[nruns];
-  const int t = detail::UsefulThreads(threads, tasks, std::min(geo.padded, d));
-  detail::ParallelTasks(t, tasks, [&](size_t i) {
+  const int t = detail::UsefulThreads(threads, (size_t)-1, d);
+  const int outer = tasks >= 2 ? (int)std::min<size_t>((size_t)t, tasks) : 1;
+  const int inner = tasks >= 2 ? 1 : t;
+  detail::ParallelTasks(outer, tasks, [&](size_t i) {
     const int r = i < first[1] ? 0 : 1;
     const size_t j0 = runs[r].start + (i - first[r]) * chunk;
     const size_t n = std::min(chunk, runs[r].end - j0);
@@ -52,7 +56,7 @@ void DecodeRuns(const Config& cfg, const Geometry& geo, int lane_bits, uint32_t 
     thread_local detail::AlignedArray<float> scratch;
     if (scratch.size() < std::min(chunk, geo.padded)) scratch.resize(std::min(chunk, geo.padded));
     k.decode_chunk(lanes_at(j0, n), lane_bits, nvalid, n, j0, runs[r].block, key, m1[r], m0[r],
-                   scratch.data(), out + j0);
+                   scratch.data(), out + j0, inner);
   });
 }
 

@@ -68,9 +68,10 @@ struct Encoder::Impl {
   std::vector<double> task_value;  // Rotate: the chunk's sum of squares; Encode: its bound
   std::vector<int> task_status;
   int threads = 1;
-  // Runs body(i) for every chunk i below the first failing one (a ChunkStatus other than
-  // kChunkOk), on the threads; returns that failure's index (tasks.size() if none). Chunks
-  // after it may or may not have run.
+  // Runs body(i, inner) for every chunk i below the first failing one (a ChunkStatus other
+  // than kChunkOk) and returns that failure's index (tasks.size() if none); chunks after it
+  // may or may not have run. Several chunks go to the threads; a partition of one chunk (one
+  // block) runs it on this thread with `inner` threads for its kernel (1 otherwise).
   template <class Body>
   size_t ForChunks(Body body);
 };
@@ -171,10 +172,13 @@ bool Encoder::Impl::Probe(const float* grad, bool save) {
 template <class Body>
 size_t Encoder::Impl::ForChunks(Body body) {
   const size_t nt = tasks.size();
+  const int t = detail::UsefulThreads(threads, (size_t)-1, geo.padded);
+  const int outer = nt >= 2 ? std::min(t, (int)std::min<size_t>(nt, kMaxThreads)) : 1;
+  const int inner = nt >= 2 ? 1 : t;
   std::atomic<size_t> first_fail{nt};
-  detail::ParallelTasks(detail::UsefulThreads(threads, nt, geo.padded), nt, [&](size_t i) {
+  detail::ParallelTasks(outer, nt, [&](size_t i) {
     if (i > first_fail.load(std::memory_order_relaxed)) return;
-    const int st = body(i);
+    const int st = body(i, inner);
     task_status[i] = st;
     if (st == detail::kChunkOk) return;
     size_t f = first_fail.load();
@@ -192,13 +196,13 @@ Status FromChunk(int st) {
 
 Status Encoder::Impl::Rotate(const float* grad, double* sumsq) {
   const detail::Kernels& k = detail::ActiveKernels();
-  const size_t fail = ForChunks([&](size_t i) {
+  const size_t fail = ForChunks([&](size_t i, int inner) {
     const ChunkTask& c = tasks[i];
     const size_t nvalid = c.j0 < geo.d ? std::min(c.n, geo.d - c.j0) : 0;
     double part = 0;
     const int st = k.rotate_chunk(nvalid ? grad + c.j0 : nullptr, res.data() + c.j0, nvalid, c.n,
                                   c.j0, runs[c.run].block, sign_key, scratch.data() + c.j0,
-                                  &part);
+                                  &part, inner);
     task_value[i] = part;
     return st;
   });
@@ -296,7 +300,7 @@ Status Encoder::Encode(const float* grad, double max_norm, uint8_t* payload) {
       }
     }
   }
-  const size_t fail = m.ForChunks([&](size_t i) {
+  const size_t fail = m.ForChunks([&](size_t i, int inner) {
     const Impl::ChunkTask& c = m.tasks[i];
     const size_t j0 = c.j0, n = c.n;
     const detail::QuantParams& qp = qps[c.run];
@@ -305,9 +309,20 @@ Status Encoder::Encode(const float* grad, double max_norm, uint8_t* payload) {
     int st;
     double chunk_bound = 0;
     if (prepared) {  // y is in scratch: quantise it there (it becomes the new residual)
-      float* y = m.scratch.data() + j0;
-      const uint32_t mb = k.quantize(y, n, j0, qp, cw.idx.data());  // the exact bound
-      k.pack(cw.idx.data(), n, (int)bits, out);
+      // Pointwise: slices of whole kChunks (aligned for the kernels, whole payload bytes) on
+      // the inner threads, their bounds' maximum (float bits in unsigned order) in the end.
+      const size_t units = (n + detail::kChunk - 1) / detail::kChunk;
+      const size_t parts = std::min<size_t>((size_t)inner, units);
+      uint32_t slice_mb[kMaxThreads] = {};
+      detail::ParallelTasks((int)parts, parts, [&](size_t s) {
+        const size_t lo = s * units / parts * detail::kChunk;
+        const size_t hi = std::min(n, (s + 1) * units / parts * detail::kChunk);
+        uint8_t* idx = cw.idx.data() + lo;  // the caller's buffer, each slice its own range
+        slice_mb[s] = k.quantize(m.scratch.data() + j0 + lo, hi - lo, j0 + lo, qp, idx);
+        k.pack(idx, hi - lo, (int)bits, out + lo * bits / 8);
+      });
+      uint32_t mb = 0;
+      for (size_t s = 0; s < parts; ++s) mb = std::max(mb, slice_mb[s]);
       float e;
       std::memcpy(&e, &mb, 4);
       chunk_bound = e;
@@ -317,7 +332,7 @@ Status Encoder::Encode(const float* grad, double max_norm, uint8_t* payload) {
       st = k.encode_chunk(nvalid ? grad + j0 : nullptr, m.ef ? m.res.data() + j0 : nullptr,
                           nvalid, n, j0, m.runs[c.run].block, m.sign_key, qp, cw.work.data(),
                           cw.idx.data(), out, m.ef ? m.scratch.data() + j0 : nullptr,
-                          &chunk_bound);
+                          &chunk_bound, inner);
     }
     m.task_value[i] = chunk_bound;
     return st;
