@@ -12,7 +12,9 @@
 // the fused pipeline proves the new residual finite without reading it back (it is written with
 // streaming stores, past the caches).
 //
-// With set_threads(T) the chunks are split over up to T threads (parallel.h). Every chunk's
+// With set_threads(T) the chunks are split over up to T threads (parallel.h), or, when the
+// partition is one chunk, its kernel splits the block's transform (transform.h,
+// BlockToThreads) and the prepared quantise its slices. Every chunk's
 // work depends only on its own coordinates (the signs and the rounding are hashes of the
 // coordinate, the seed, the rank and the step), and what chunks share is combined in chunk order
 // after they are all done: the norm's binary64 sum, the first error, the residual's bound (a

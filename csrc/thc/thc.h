@@ -103,9 +103,10 @@ class Encoder {
   Status Encode(const float* grad, double max_norm, uint8_t* payload);
   uint64_t step() const;
   void set_step(uint64_t step);
-  // Norm() and Encode() split the partition's chunks (whole rotation blocks) over up to
-  // `threads` threads, the calling one included, where each gets at least 2^16 coordinates;
-  // the results are bit for bit those of one thread. Clamped to 1..kMaxThreads. Default 1.
+  // Norm() and Encode() run on up to `threads` threads, the calling one included, where each
+  // gets at least 2^16 coordinates: the partition's chunks (whole rotation blocks) split over
+  // them, or a partition of one block that block's transform. The results are bit for bit
+  // those of one thread. Clamped to 1..kMaxThreads. Default 1.
   void set_threads(int threads);
   int threads() const;
   // The rotated residual r (docs/ALGORITHM.md, "Error-feedback state"): geometry().padded
