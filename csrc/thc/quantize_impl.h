@@ -496,8 +496,8 @@ struct SignedSource {
 };
 
 // Sink of the transform: with error feedback add the rotated residual (step 2), quantise y
-// (steps 4-5), write the indices (packed when bits is 4 and W is 16, else bytes for Pack), and
-// with error feedback store the new residual e = y - level value (step 7).
+// (steps 4-5), write the indices (packed when bits is 4 and W is 8 or 16, else bytes for Pack),
+// and with error feedback store the new residual e = y - level value (step 7).
 template <bool kEf, class Lut>
 struct QuantizeSink {
   QuantizeBody<kEf, Lut> body;
@@ -526,6 +526,21 @@ struct QuantizeSink {
       return;
     }
     _mm_storeu_si128((__m128i*)(idx + i), _mm512_cvtepi32_epi8((__m512i)q));
+#elif THC_W == 8
+    if (pack4) {  // 8 indices of 4 bits: lane pairs into one byte (as above), 4 bytes
+      const __m256i qq = (__m256i)q;
+      const __m256i two = _mm256_or_si256(qq, _mm256_srli_epi64(qq, 28));
+      // the two 64-bit lanes' low bytes of each half to its bytes 0 and 1, the rest zero
+      const __m256i b = _mm256_shuffle_epi8(
+          two, _mm256_setr_epi8(0, 8, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 0,
+                                8, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1));
+      const uint32_t lo = (uint32_t)_mm_cvtsi128_si32(_mm256_castsi256_si128(b));
+      const uint32_t hi = (uint32_t)_mm_cvtsi128_si32(_mm256_extracti128_si256(b, 1));
+      const uint32_t word = lo | (hi << 16);
+      std::memcpy(payload + i / 2, &word, 4);  // little-endian: indices i .. i+7
+      return;
+    }
+    StoreIdx(idx + i, q);
 #else
     StoreIdx(idx + i, q);
 #endif
@@ -556,7 +571,7 @@ int EncodePipeline(const float* grad, const float* res, size_t nvalid, size_t n,
                    float* work, uint8_t* idx, uint8_t* payload, float* res_out,
                    double* res_bound_out, int threads) {
   const QuantizeBody<kEf, Lut> body(p, lut);
-  const bool pack4 = W == 16 && p.levels == 16;
+  const bool pack4 = W >= 8 && p.levels == 16;
   const int bits = (int)__builtin_ctz((unsigned)p.levels);
   const uint32_t* signs = ChunkSignWords(sign_key, j0, n);
   vu amax = vu{};
