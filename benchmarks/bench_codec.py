@@ -17,6 +17,9 @@ and the whole partition), prints the median time per coordinate of
 and each as a ratio to memcpy, with one thread and with all threads (independent partitions in
 parallel threads, as BytePS compresses partitions in parallel; the GIL is released in the
 kernels). Targets at d = 2^20, one thread: encode <= 3x, decode <= 3x, aggregate <= 0.3x.
+--codec-threads T splits each partition's own blocks over T threads (ThcCodec's `threads`);
+those rows are timed on the wall clock (a CPU clock sees the calling thread alone), so compare
+them with the codec-threads 1 rows of the same run taken with --clock wall.
 
 Two memory states (--memory): `hot` works on one partition over and over, so at 2^16-2^20 its
 data stay in the last-level cache; `cold` cycles through enough partitions (--working-set) that
@@ -60,12 +63,13 @@ WORKERS = 4  # the sums decoded are those of this many workers (8-bit lanes at g
 class Partition:
     """One partition's state for one thread: data, codec, aggregator, output buffers."""
 
-    def __init__(self, cfg: ThcConfig, d: int, seed: int):
+    def __init__(self, cfg: ThcConfig, d: int, seed: int, codec_threads: int = 1):
         rng = np.random.default_rng(seed)
         self.x = rng.standard_normal(d, dtype=np.float32)
         self.copy_dst = np.empty_like(self.x)
-        self.codec = ThcCodec(cfg, d, rank=seed % 4)
-        self.codec_noef = ThcCodec(dataclasses.replace(cfg, error_feedback=False), d, rank=seed % 4)
+        self.codec = ThcCodec(cfg, d, rank=seed % 4, threads=codec_threads)
+        self.codec_noef = ThcCodec(dataclasses.replace(cfg, error_feedback=False), d,
+                                   rank=seed % 4, threads=codec_threads)
         self.max_norm = self.codec.norm(self.x) * 1.5
         self.payload = np.empty(self.codec.payload_bytes, dtype=np.uint8)
         self.codec.encode(self.x, self.max_norm, out=self.payload)
@@ -153,10 +157,10 @@ class Cycle:
         fn()
 
 
-def bench(cfg, d, threads, repeats, ops, clock=time.perf_counter, per_thread=1):
+def bench(cfg, d, threads, repeats, ops, clock=time.perf_counter, per_thread=1, codec_threads=1):
     """{op: [seconds per repeat]} for memcpy and each op; each thread cycles through
     `per_thread` partitions of its own."""
-    parts = [[Partition(cfg, d, seed * per_thread + k) for k in range(per_thread)]
+    parts = [[Partition(cfg, d, seed * per_thread + k, codec_threads) for k in range(per_thread)]
              for seed in range(threads)]
     res = {}
     for op in ["memcpy"] + ops:
@@ -180,6 +184,8 @@ def main(argv=None):
                     help="portable, avx2, avx512 or all (those the CPU has)")
     ap.add_argument("--blocks", default="1024,0", help="rotation blocks; 0 = whole partition")
     ap.add_argument("--threads", default=f"1,{os.cpu_count()}", help="thread counts")
+    ap.add_argument("--codec-threads", default="1",
+                    help="threads of one partition's codec (ThcCodec's threads), comma separated")
     ap.add_argument("--repeats", type=int, default=0, help="repeats (default: by size)")
     ap.add_argument("--ops", default="encode,encode_noef,step,decode,aggregate")
     ap.add_argument("--memory", default="hot,cold",
@@ -205,6 +211,7 @@ def main(argv=None):
     sizes = [int(s) for s in args.sizes.split(",")]
     blocks = [int(b) for b in args.blocks.split(",")]
     thread_counts = sorted({int(t) for t in args.threads.split(",")})
+    codec_threads = sorted({int(t) for t in args.codec_threads.split(",")})
     ops = args.ops.split(",")
 
     print(f"# byteps-thc codec benchmark: cpu={os.cpu_count()} cores, ISAs {isas} "
@@ -215,8 +222,9 @@ def main(argv=None):
           f"threads: independent partitions in parallel, ns = wall / (threads * d)")
     pick = statistics.median if args.stat == "median" else min
     memories = args.memory.split(",")
-    hdr = f"{'isa':8} {'d':>7} {'block':>7} {'thr':>3} {'mem':>4} {'memcpy ns':>9} " + " ".join(
-        f"{op + ' ns (x)':>20}" for op in ops)
+    hdr = (f"{'isa':8} {'d':>7} {'block':>7} {'thr':>3} {'cthr':>4} {'mem':>4} {'memcpy ns':>9} "
+           + " ".join(
+        f"{op + ' ns (x)':>20}" for op in ops))
     print(hdr, flush=True)
     rows = []
     for isa in isas:
@@ -226,16 +234,20 @@ def main(argv=None):
             label = "2^%d" % lg if lg <= 40 else str(d)
             for block in blocks:
                 cfg = ThcConfig(rotation_block=block or None, error_feedback=True)
-                for thr, mem in [(t, m) for t in thread_counts for m in memories]:
+                for thr, cthr, mem in [(t, c, m) for t in thread_counts for c in codec_threads
+                                       for m in memories]:
                     per_thread = 1 if mem == "hot" else max(
                         2, -(-(args.working_set << 20) // (4 * d)))
                     repeats = args.repeats or (21 if d <= 1 << 18 else 9 if d <= 1 << 22 else 3)
-                    clock = time.thread_time if args.clock == "cpu" else time.perf_counter
-                    r = bench(cfg, d, thr, repeats, ops, clock, per_thread)
+                    cpu_clock = args.clock == "cpu" and cthr == 1
+                    clock = time.thread_time if cpu_clock else time.perf_counter
+                    r = bench(cfg, d, thr, repeats, ops, clock, per_thread, cthr)
                     coords = d * thr
                     whole = 1 << (d - 1).bit_length()     # a whole-partition block: padded d
                     row = {"isa": isa, "d": d, "log2_d": math.log2(d), "block": block or whole,
-                           "threads": thr, "memory": mem, "partitions_per_thread": per_thread,
+                           "threads": thr, "codec_threads": cthr,
+                           "clock": "cpu" if cpu_clock else "wall", "memory": mem,
+                           "partitions_per_thread": per_thread,
                            "repeats": repeats}
                     cells = []
                     for op in ["memcpy"] + ops:
@@ -251,7 +263,7 @@ def main(argv=None):
                                          f"({row[op + '_ratio']:5.2f}x)")
                     rows.append(row)
                     print(f"{isa:8} {label:>7} {('whole' if not block else block):>7} {thr:>3} "
-                          f"{mem:>4} "
+                          f"{cthr:>4} {mem:>4} "
                           f"{row['memcpy_ns_per_coord']:9.3f} "
                           + " ".join(f"{c:>20}" for c in cells),
                           flush=True)

@@ -146,14 +146,18 @@ class ThcCodec:
     Holds the error-feedback residual (when cfg.error_feedback) and the step counter, which
     selects the stochastic-rounding stream together with `rank`. Not thread-safe per instance;
     distinct instances (partitions) may run in parallel threads (the GIL is released).
+    `threads`: norm, encode and decode of this partition on up to that many threads (whole
+    rotation blocks each, at least 2^16 coordinates a thread); the results are bit for bit
+    those of one thread. CPU only; a CUDA tensor's codec ignores it.
     """
 
-    def __init__(self, cfg: ThcConfig, size: int, rank: int = 0):
+    def __init__(self, cfg: ThcConfig, size: int, rank: int = 0, threads: int = 1):
         self.config = _check_config(cfg)
         self.size = _check_int("size", size, 1, _C.MAX_SIZE)
         self.rank = _check_int("rank", rank, 0, _C.MAX_RANK)
         self._core = _core_config(cfg)
         self._enc = _C.Encoder(self._core, self.size, self.rank, cfg.error_feedback)
+        self.threads = threads
         geo = self._enc.geometry
         self.block = geo["block"]            # rotation block actually used
         self.padded = geo["padded"]          # d_pad
@@ -165,6 +169,14 @@ class ThcCodec:
                 f"step={self.step}, {self.config.describe()})")
 
     # -- state -------------------------------------------------------------------------------
+    @property
+    def threads(self) -> int:
+        return self._enc.threads
+
+    @threads.setter
+    def threads(self, value: int) -> None:
+        self._enc.threads = _check_int("threads", value, 1, _C.MAX_THREADS)
+
     @property
     def step(self) -> int:
         return self._device.step if self._device is not None else self._enc.step
@@ -244,7 +256,7 @@ class ThcCodec:
         if dev is not None:
             return dev.decode(sums, max_norm, n, out)
         s = _int_vector(sums, "sums", ("uint8", "uint16", "uint32"))
-        return _C.decode(self._core, self.size, s, n, _check_norm(max_norm), out)
+        return _C.decode(self._core, self.size, s, n, _check_norm(max_norm), out, self.threads)
 
 
 class ThcAggregator:

@@ -203,10 +203,14 @@ class RegistryCompressor(Compressor):
 def thc_kwargs(config: ThcConfig, environ: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
     """The kwargs a THC tensor is declared with: the configuration's, and thc_nonfinite=error when
     BYTEPS_THC_NONFINITE says so (absent means propagate). The server refuses a key whose
-    workers disagree on it, as on the configuration."""
+    workers disagree on it, as on the configuration. thc_codec_threads (BYTEPS_THC_CODEC_THREADS,
+    absent means 1) is this worker's own: the server ignores it."""
     kw = config.to_kwargs()
     if env.THC_NONFINITE.get(environ) != env.THC_NONFINITE.default:
         kw["thc_nonfinite"] = env.THC_NONFINITE.get(environ)
+    threads = env.THC_CODEC_THREADS.get(environ)
+    if threads != env.THC_CODEC_THREADS.default:  # the fork checks its range (thc_wire.cc)
+        kw["thc_codec_threads"] = str(threads)
     return kw
 
 

@@ -169,6 +169,10 @@ THC_ERROR_FEEDBACK = Setting("BYTEPS_THC_ERROR_FEEDBACK", None, parse_bool,
 THC_NONFINITE = Setting("BYTEPS_THC_NONFINITE", "propagate", parse_choice("propagate", "error"),
                         "propagate | error: a NaN/Inf gradient in a THC partition makes that "
                         "step's result NaN/inf on every worker (as uncompressed), or raises")
+THC_CODEC_THREADS = Setting("BYTEPS_THC_CODEC_THREADS", 1, parse_positive_int,
+                            "threads of one THC partition's encode and decode on a CPU worker "
+                            "(1: BytePS's BYTEPS_THREADPOOL_SIZE threads already compress "
+                            "partitions in parallel; more where cores stay idle)")
 THC: Dict[str, Setting] = {
     "bits": THC_BITS,
     "granularity": THC_GRANULARITY,

@@ -117,6 +117,15 @@ void CheckSize(size_t d) {
   }
 }
 
+int CheckThreads(int threads) {
+  if (threads < 1 || threads > thc::kMaxThreads) {
+    std::ostringstream m;
+    m << "threads must be in 1.." << thc::kMaxThreads << ", got " << threads;
+    Fail(m.str());
+  }
+  return threads;
+}
+
 py::dict GeometryDict(const thc::Geometry& g) {
   py::dict r;
   r["d"] = g.d;
@@ -224,8 +233,10 @@ class PyAggregator {
 };
 
 py::array_t<float> DecodePy(const thc::Config& cfg, size_t d, const py::handle& sums,
-                            uint32_t num_workers, double max_norm, const py::handle& out_obj) {
+                            uint32_t num_workers, double max_norm, const py::handle& out_obj,
+                            int threads) {
   CheckConfig(cfg);
+  CheckThreads(threads);
   CheckSize(d);
   CheckMaxNorm(max_norm);
   if (num_workers == 0) Fail("num_workers must be >= 1, got 0");
@@ -257,7 +268,7 @@ py::array_t<float> DecodePy(const thc::Config& cfg, size_t d, const py::handle& 
   thc::Status st;
   {
     py::gil_scoped_release nogil;
-    st = thc::Decode(cfg, d, a.data(), lane, num_workers, max_norm, out.mutable_data());
+    st = thc::Decode(cfg, d, a.data(), lane, num_workers, max_norm, out.mutable_data(), threads);
   }
   if (st != thc::Status::kOk) FailStatus("decode", st);
   return out;
@@ -298,8 +309,10 @@ py::array_t<uint8_t> PublishPy(const thc::Config& cfg, uint32_t num_workers,
 }
 
 py::array_t<float> DecodePublishedPy(const thc::Config& cfg, size_t d, const py::handle& packed,
-                                     uint32_t num_workers, double max_norm, bool total) {
+                                     uint32_t num_workers, double max_norm, bool total,
+                                     int threads) {
   CheckSize(d);
+  CheckThreads(threads);
   CheckMaxNorm(max_norm);
   const int w = SumBitsChecked(cfg, num_workers);
   auto a = Vector<uint8_t>(packed, "packed");
@@ -316,7 +329,7 @@ py::array_t<float> DecodePublishedPy(const thc::Config& cfg, size_t d, const py:
   {
     py::gil_scoped_release nogil;
     st = thc::DecodePacked(cfg, d, a.data(), (size_t)a.size(), w, num_workers, max_norm,
-                           out.mutable_data(), total);
+                           out.mutable_data(), total, threads);
   }
   if (st != thc::Status::kOk) FailStatus("decode", st);
   return out;
@@ -366,6 +379,7 @@ PYBIND11_MODULE(_C, m) {
   m.attr("MAX_GRANULARITY") = thc::kMaxGranularity;
   m.attr("MAX_ROTATION_BLOCK") = thc::kMaxRotationBlock;
   m.attr("MAX_WORKERS") = thc::kMaxWorkers;
+  m.attr("MAX_THREADS") = thc::kMaxThreads;
   m.def(
       "status_text", [](int code) { return thc::StatusText(static_cast<thc::Status>(code)); },
       py::arg("code"), "The core's sentence for a thc::Status code (\"\" for 0, ok).");
@@ -421,6 +435,9 @@ PYBIND11_MODULE(_C, m) {
             }
             e.core().set_step(s);
           })
+      .def_property(
+          "threads", [](PyEncoder& e) { return e.core().threads(); },
+          [](PyEncoder& e, int t) { e.core().set_threads(CheckThreads(t)); })
       .def_property_readonly("residual", &PyEncoder::Residual)
       .def("reset_residual", [](PyEncoder& e) { e.core().ResetResidual(); })
       .def_property_readonly("geometry",
@@ -438,11 +455,13 @@ PYBIND11_MODULE(_C, m) {
                              [](PyAggregator& a) { return GeometryDict(a.core().geometry()); });
 
   m.def("decode", &DecodePy, py::arg("cfg"), py::arg("d"), py::arg("sums"),
-        py::arg("num_workers"), py::arg("max_norm"), py::arg("out") = py::none());
+        py::arg("num_workers"), py::arg("max_norm"), py::arg("out") = py::none(),
+        py::arg("threads") = 1);
   m.def("sum_bits", &SumBitsChecked, py::arg("cfg"), py::arg("num_workers"));
   m.def("publish", &PublishPy, py::arg("cfg"), py::arg("num_workers"), py::arg("sums"));
   m.def("decode_published", &DecodePublishedPy, py::arg("cfg"), py::arg("d"),
-        py::arg("packed"), py::arg("num_workers"), py::arg("max_norm"), py::arg("total") = false);
+        py::arg("packed"), py::arg("num_workers"), py::arg("max_norm"), py::arg("total") = false,
+        py::arg("threads") = 1);
   m.def("active_isa", &thc::ActiveIsa);
   m.def(
       "force_isa",

@@ -3,13 +3,15 @@
 //
 // Chunks of whole blocks: sums -> z, transform, sign. The transform runs in a per-thread,
 // cache-line aligned scratch buffer (the caller's output may be misaligned for vector loads, and
-// the padded tail does not fit it); the signed result goes to the output.
+// the padded tail does not fit it); the signed result goes to the output. With threads, the
+// chunks are split over them (parallel.h); each writes only its own coordinates of the output.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
 
 #include "thc/internal.h"
+#include "thc/parallel.h"
 #include "thc/thc.h"
 
 namespace thc {
@@ -17,41 +19,51 @@ namespace thc {
 namespace {
 
 // The decode of d values whose chunk of sums [j0, j0 + n) `lanes_at(j0, n)` gives, as lanes of
-// lane_bits (decode_chunk's input).
+// lane_bits (decode_chunk's input); lanes_at is called on the thread that decodes the chunk.
 template <class LanesAt>
 void DecodeRuns(const Config& cfg, const Geometry& geo, int lane_bits, uint32_t num_workers,
-                double max_norm, bool total, float* out, LanesAt lanes_at) {
+                double max_norm, bool total, float* out, int threads, LanesAt lanes_at) {
   const detail::Kernels& k = detail::ActiveKernels();
   const size_t d = geo.d;
   const double T = cfg.clip, g = cfg.granularity, M = max_norm;
   const double sd = std::sqrt((double)geo.padded);
   const uint32_t key = SignKey(cfg.seed);
   const size_t chunk = std::max(geo.block, detail::kChunk);
-  thread_local detail::AlignedArray<float> scratch;
-  if (scratch.size() < std::min(chunk, geo.padded)) scratch.resize(std::min(chunk, geo.padded));
   detail::Run runs[2];
   const int nruns = detail::Runs(geo.padded, geo.block, geo.tail_block, runs);
+  float m1[2], m0[2];
+  size_t first[3] = {0, 0, 0};  // chunks of run r: [first[r], first[r + 1])
   for (int r = 0; r < nruns; ++r) {
-    const detail::Run& run = runs[r];
-    const double sb = std::sqrt((double)run.block);  // each run scales by its own block
+    const double sb = std::sqrt((double)runs[r].block);  // each run scales by its own block
     const double n = num_workers;  // total: the sum's estimate, n folded into the scale
-    const float m1 = total ? (float)(2.0 * T / g * M / sd / sb)
-                           : (float)(2.0 * T / g / n * M / sd / sb);
-    const float m0 = total ? (float)(-T * n * M / sd / sb) : (float)(-T * M / sd / sb);
-    for (size_t j0 = run.start; j0 < run.end; j0 += chunk) {
-      const size_t n = std::min(chunk, run.end - j0);
-      const size_t nvalid = j0 < d ? std::min(n, d - j0) : 0;
-      if (nvalid == 0) break;
-      k.decode_chunk(lanes_at(j0, n), lane_bits, nvalid, n, j0, run.block, key, m1, m0,
-                     scratch.data(), out + j0);
-    }
+    m1[r] = total ? (float)(2.0 * T / g * M / sd / sb) : (float)(2.0 * T / g / n * M / sd / sb);
+    m0[r] = total ? (float)(-T * n * M / sd / sb) : (float)(-T * M / sd / sb);
+    // chunks that hold real coordinates (the padding past d is not decoded)
+    const size_t end = std::min(runs[r].end, std::max(runs[r].start, d));
+    first[r + 1] = first[r] + (end - runs[r].start + chunk - 1) / chunk;
   }
+  // Several chunks go to the threads; a partition of one chunk (one block) runs its kernel on
+  // them instead.
+  const size_t tasks = first[nruns];
+  const int t = detail::UsefulThreads(threads, (size_t)-1, d);
+  const int outer = tasks >= 2 ? (int)std::min<size_t>((size_t)t, tasks) : 1;
+  const int inner = tasks >= 2 ? 1 : t;
+  detail::ParallelTasks(outer, tasks, [&](size_t i) {
+    const int r = i < first[1] ? 0 : 1;
+    const size_t j0 = runs[r].start + (i - first[r]) * chunk;
+    const size_t n = std::min(chunk, runs[r].end - j0);
+    const size_t nvalid = std::min(n, d - j0);
+    thread_local detail::AlignedArray<float> scratch;
+    if (scratch.size() < std::min(chunk, geo.padded)) scratch.resize(std::min(chunk, geo.padded));
+    k.decode_chunk(lanes_at(j0, n), lane_bits, nvalid, n, j0, runs[r].block, key, m1[r], m0[r],
+                   scratch.data(), out + j0, inner);
+  });
 }
 
 }  // namespace
 
 Status Decode(const Config& cfg, size_t d, const void* sums, int lane_bits, uint32_t num_workers,
-              double max_norm, float* out) {
+              double max_norm, float* out, int threads) {
   if (!std::isfinite(max_norm)) return Status::kNonFinite;
   if (max_norm < 0 || num_workers == 0 ||
       (lane_bits != 8 && lane_bits != 16 && lane_bits != 32))
@@ -62,7 +74,8 @@ Status Decode(const Config& cfg, size_t d, const void* sums, int lane_bits, uint
   }
   const Geometry geo = MakeGeometry(cfg, d);
   const size_t lane_bytes = (size_t)lane_bits / 8;
-  DecodeRuns(cfg, geo, lane_bits, num_workers, max_norm, false, out, [&](size_t j0, size_t) {
+  DecodeRuns(cfg, geo, lane_bits, num_workers, max_norm, false, out, threads,
+             [&](size_t j0, size_t) {
     return static_cast<const uint8_t*>(sums) + j0 * lane_bytes;
   });
   return Status::kOk;
@@ -71,7 +84,8 @@ Status Decode(const Config& cfg, size_t d, const void* sums, int lane_bits, uint
 // The unpack runs chunk by chunk into a small buffer of lanes that decode_chunk then reads from
 // cache. (Fusing it into decode_chunk's load would save that buffer's round trip through L1.)
 Status DecodePacked(const Config& cfg, size_t d, const uint8_t* packed, size_t bytes,
-                    int sum_bits, uint32_t num_workers, double max_norm, float* out, bool total) {
+                    int sum_bits, uint32_t num_workers, double max_norm, float* out, bool total,
+                    int threads) {
   if (!std::isfinite(max_norm)) return Status::kNonFinite;
   const int lane_bits = LaneBits(cfg, num_workers);
   if (max_norm < 0 || num_workers == 0 || lane_bits == 0 ||
@@ -85,10 +99,11 @@ Status DecodePacked(const Config& cfg, size_t d, const uint8_t* packed, size_t b
   }
   const size_t chunk = std::max(geo.block, detail::kChunk);
   const size_t lane_bytes = (size_t)lane_bits / 8;
-  thread_local detail::AlignedArray<uint8_t> lanes;
-  if (lanes.size() < std::min(chunk, geo.padded) * lane_bytes)
-    lanes.resize(std::min(chunk, geo.padded) * lane_bytes);
-  DecodeRuns(cfg, geo, lane_bits, num_workers, max_norm, total, out, [&](size_t j0, size_t n) {
+  const size_t lanes_bytes = std::min(chunk, geo.padded) * lane_bytes;
+  DecodeRuns(cfg, geo, lane_bits, num_workers, max_norm, total, out, threads,
+             [&](size_t j0, size_t n) {
+    thread_local detail::AlignedArray<uint8_t> lanes;  // the decoding thread's
+    if (lanes.size() < lanes_bytes) lanes.resize(lanes_bytes);
     // j0 is a multiple of 8 (of 32, or 0), so its sums start on a byte
     const size_t at = j0 * (size_t)sum_bits / 8;
     UnpackSums(packed + at, bytes - at, sum_bits, n, lane_bits, lanes.data());

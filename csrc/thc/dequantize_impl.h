@@ -114,22 +114,28 @@ struct SignedSink {
 
 template <class T>
 void DecodePipeline(const T* sums, size_t nvalid, size_t n, uint64_t j0, size_t block,
-                    uint32_t key, float m1, float m0, float* work, float* out) {
+                    uint32_t key, float m1, float m0, float* work, float* out, int threads) {
   SumsSource<T> src{sums, BroadcastF(m1), BroadcastF(m0)};
   SignedSink sink{out, nvalid, ChunkSignWords(key, j0, n)};
+  if (threads > 1 && n == block && block > kLeaf) {
+    BlockToThreads<true>(work, 0, block, [&](size_t) { return src; },
+                         [&](size_t) { return sink; }, threads);
+    return;
+  }
   for (size_t b = 0; b < n; b += block) BlockTo<true>(work, b, block, src, sink);
 }
 
 }  // namespace
 
 void DecodeChunk(const void* sums, int lane_bits, size_t nvalid, size_t n, uint64_t j0,
-                 size_t block, uint32_t sign_key, float m1, float m0, float* work, float* out) {
+                 size_t block, uint32_t sign_key, float m1, float m0, float* work, float* out,
+                 int threads) {
   // sign * (w * 1) == sign * w: the pipeline skips the multiply by one. Blocks of any size
   // (the last pass hands the sink each stream's lines in a row, so its strided stores to out
   // are whole lines; see RadixPassTo).
   if (W >= 8 && block >= kMinPipelineBlock) {
     auto run = [&](auto* lanes) {
-      DecodePipeline(lanes, nvalid, n, j0, block, sign_key, m1, m0, work, out);
+      DecodePipeline(lanes, nvalid, n, j0, block, sign_key, m1, m0, work, out, threads);
     };
     switch (lane_bits) {
       case 8: run(static_cast<const uint8_t*>(sums)); return;

@@ -11,13 +11,23 @@
 // call succeeded. The encoder keeps a bound on |r| from step to step (res_bound), with which
 // the fused pipeline proves the new residual finite without reading it back (it is written with
 // streaming stores, past the caches).
+//
+// With set_threads(T) the chunks are split over up to T threads (parallel.h), or, when the
+// partition is one chunk, its kernel splits the block's transform (transform.h,
+// BlockToThreads) and the prepared quantise its slices. Every chunk's
+// work depends only on its own coordinates (the signs and the rounding are hashes of the
+// coordinate, the seed, the rank and the step), and what chunks share is combined in chunk order
+// after they are all done: the norm's binary64 sum, the first error, the residual's bound (a
+// maximum). So the payload, the residual, the norm and the status are those of one thread.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <utility>
 #include <vector>
 
 #include "thc/internal.h"
+#include "thc/parallel.h"
 #include "thc/thc.h"
 
 namespace thc {
@@ -51,6 +61,21 @@ struct Encoder::Impl {
   std::vector<float> tblf, ig, ig24, efr[2];  // efr: per run (its block scales the error)
   detail::Run runs[2];
   int nruns = 0;
+  // The chunks of the partition in order (runs, then coordinates), and one result slot each.
+  struct ChunkTask {
+    int run;
+    size_t j0, n;
+  };
+  std::vector<ChunkTask> tasks;
+  std::vector<double> task_value;  // Rotate: the chunk's sum of squares; Encode: its bound
+  std::vector<int> task_status;
+  int threads = 1;
+  // Runs body(i, inner) for every chunk i below the first failing one (a ChunkStatus other
+  // than kChunkOk) and returns that failure's index (tasks.size() if none); chunks after it
+  // may or may not have run. Several chunks go to the threads; a partition of one chunk (one
+  // block) runs it on this thread with `inner` threads for its kernel (1 otherwise).
+  template <class Body>
+  size_t ForChunks(Body body);
 };
 
 namespace {
@@ -84,6 +109,11 @@ Encoder::Encoder(const Config& cfg, size_t d, uint32_t rank, bool error_feedback
   m.chunk = std::max(m.geo.block, detail::kChunk);
   m.chunk = std::min(m.chunk, std::max(m.geo.padded, m.geo.block));
   m.nruns = detail::Runs(m.geo.padded, m.geo.block, m.geo.tail_block, m.runs);
+  for (int r = 0; r < m.nruns; ++r)
+    for (size_t j0 = m.runs[r].start; j0 < m.runs[r].end; j0 += m.chunk)
+      m.tasks.push_back({r, j0, std::min(m.chunk, m.runs[r].end - j0)});
+  m.task_value.resize(m.tasks.size());
+  m.task_status.resize(m.tasks.size());
   if (m.ef) {
     m.res.resize(m.geo.padded);
     m.scratch.resize(m.geo.padded);
@@ -120,6 +150,10 @@ void Encoder::set_step(uint64_t step) {
   impl_->prepared = false;
 }
 const float* Encoder::residual() const { return impl_->ef ? impl_->res.data() : nullptr; }
+void Encoder::set_threads(int threads) {
+  impl_->threads = std::max(1, std::min(threads, kMaxThreads));
+}
+int Encoder::threads() const { return impl_->threads; }
 void Encoder::ResetResidual() {
   if (impl_->ef) std::fill(impl_->res.data(), impl_->res.data() + impl_->res.size(), 0.0f);
   impl_->res_bound = 0;
@@ -137,23 +171,50 @@ bool Encoder::Impl::Probe(const float* grad, bool save) {
   return same;
 }
 
+template <class Body>
+size_t Encoder::Impl::ForChunks(Body body) {
+  const size_t nt = tasks.size();
+  const int t = detail::UsefulThreads(threads, (size_t)-1, geo.padded);
+  const int outer = nt >= 2 ? std::min(t, (int)std::min<size_t>(nt, kMaxThreads)) : 1;
+  const int inner = nt >= 2 ? 1 : t;
+  std::atomic<size_t> first_fail{nt};
+  detail::ParallelTasks(outer, nt, [&](size_t i) {
+    if (i > first_fail.load(std::memory_order_relaxed)) return;
+    const int st = body(i, inner);
+    task_status[i] = st;
+    if (st == detail::kChunkOk) return;
+    size_t f = first_fail.load();
+    while (i < f && !first_fail.compare_exchange_weak(f, i)) {
+    }
+  });
+  return first_fail.load();
+}
+
+namespace {
+Status FromChunk(int st) {
+  return st == detail::kChunkNonFinite ? Status::kNonFinite : Status::kOverflow;
+}
+}  // namespace
+
 Status Encoder::Impl::Rotate(const float* grad, double* sumsq) {
   const detail::Kernels& k = detail::ActiveKernels();
-  double s = 0;
+  const size_t fail = ForChunks([&](size_t i, int inner) {
+    const ChunkTask& c = tasks[i];
+    const size_t nvalid = c.j0 < geo.d ? std::min(c.n, geo.d - c.j0) : 0;
+    double part = 0;
+    const int st = k.rotate_chunk(nvalid ? grad + c.j0 : nullptr, res.data() + c.j0, nvalid, c.n,
+                                  c.j0, runs[c.run].block, sign_key, scratch.data() + c.j0,
+                                  &part, inner);
+    task_value[i] = part;
+    return st;
+  });
+  if (fail < tasks.size()) return FromChunk(task_status[fail]);
+  double s = 0;  // in chunk order, as one thread adds them
+  size_t i = 0;
   for (int r = 0; r < nruns; ++r) {
-    const detail::Run& run = runs[r];
     double s_run = 0;
-    for (size_t j0 = run.start; j0 < run.end; j0 += chunk) {
-      const size_t n = std::min(chunk, run.end - j0);
-      const size_t nvalid = j0 < geo.d ? std::min(n, geo.d - j0) : 0;
-      double part = 0;
-      const int st = k.rotate_chunk(nvalid ? grad + j0 : nullptr, res.data() + j0, nvalid, n, j0,
-                                    run.block, sign_key, scratch.data() + j0, &part);
-      if (st == detail::kChunkNonFinite) return Status::kNonFinite;
-      if (st == detail::kChunkOverflow) return Status::kOverflow;
-      s_run += part;
-    }
-    s += s_run / (double)run.block;
+    for (; i < tasks.size() && tasks[i].run == r; ++i) s_run += task_value[i];
+    s += s_run / (double)runs[r].block;
   }
   *sumsq = s;
   return Status::kOk;
@@ -208,12 +269,11 @@ Status Encoder::Encode(const float* grad, double max_norm, uint8_t* payload) {
   const double T = m.cfg.clip, g = m.cfg.granularity, M = max_norm;
   const double sd = std::sqrt((double)geo.padded);
   const size_t bits = (size_t)m.cfg.bits;
-  ChunkWork& cw = ThreadChunkWork(m.chunk);
-  double bound = 0;  // of the new residual
+  detail::QuantParams qps[2];
   for (int r = 0; r < m.nruns; ++r) {
     const detail::Run& run = m.runs[r];
     const double sb = std::sqrt((double)run.block);  // each run scales by its own block
-    detail::QuantParams qp;
+    detail::QuantParams& qp = qps[r];
     qp.c1 = (float)(g / (2.0 * T) * sd / M / sb);
     qp.c0 = (float)(g / 2.0);
     qp.gmax = (float)g;
@@ -241,31 +301,47 @@ Status Encoder::Encode(const float* grad, double max_norm, uint8_t* payload) {
         qp.efr_absmax = std::isfinite(a) ? std::max(qp.efr_absmax, a) : HUGE_VAL;
       }
     }
-    for (size_t j0 = run.start; j0 < run.end; j0 += m.chunk) {
-      const size_t n = std::min(m.chunk, run.end - j0);
-      uint8_t* out = payload + j0 * bits / 8;
-      int st;
-      double chunk_bound = 0;
-      if (prepared) {  // y is in scratch: quantise it there (it becomes the new residual)
-        float* y = m.scratch.data() + j0;
-        const uint32_t mb = k.quantize(y, n, j0, qp, cw.idx.data());  // the exact bound
-        k.pack(cw.idx.data(), n, (int)bits, out);
-        float e;
-        std::memcpy(&e, &mb, 4);
-        chunk_bound = e;
-        st = mb < 0x7F800000u ? detail::kChunkOk : detail::kChunkOverflow;
-      } else {
-        const size_t nvalid = j0 < geo.d ? std::min(n, geo.d - j0) : 0;
-        st = k.encode_chunk(nvalid ? grad + j0 : nullptr, m.ef ? m.res.data() + j0 : nullptr,
-                            nvalid, n, j0, run.block, m.sign_key, qp, cw.work.data(),
-                            cw.idx.data(), out, m.ef ? m.scratch.data() + j0 : nullptr,
-                            &chunk_bound);
-      }
-      if (st == detail::kChunkNonFinite) return Status::kNonFinite;
-      if (st == detail::kChunkOverflow) return Status::kOverflow;
-      bound = std::max(bound, chunk_bound);
-    }
   }
+  const size_t fail = m.ForChunks([&](size_t i, int inner) {
+    const Impl::ChunkTask& c = m.tasks[i];
+    const size_t j0 = c.j0, n = c.n;
+    const detail::QuantParams& qp = qps[c.run];
+    ChunkWork& cw = ThreadChunkWork(m.chunk);  // this thread's
+    uint8_t* out = payload + j0 * bits / 8;
+    int st;
+    double chunk_bound = 0;
+    if (prepared) {  // y is in scratch: quantise it there (it becomes the new residual)
+      // Pointwise: slices of whole kChunks (aligned for the kernels, whole payload bytes) on
+      // the inner threads, their bounds' maximum (float bits in unsigned order) in the end.
+      const size_t units = (n + detail::kChunk - 1) / detail::kChunk;
+      const size_t parts = std::min<size_t>((size_t)inner, units);
+      uint32_t slice_mb[kMaxThreads] = {};
+      detail::ParallelTasks((int)parts, parts, [&](size_t s) {
+        const size_t lo = s * units / parts * detail::kChunk;
+        const size_t hi = std::min(n, (s + 1) * units / parts * detail::kChunk);
+        uint8_t* idx = cw.idx.data() + lo;  // the caller's buffer, each slice its own range
+        slice_mb[s] = k.quantize(m.scratch.data() + j0 + lo, hi - lo, j0 + lo, qp, idx);
+        k.pack(idx, hi - lo, (int)bits, out + lo * bits / 8);
+      });
+      uint32_t mb = 0;
+      for (size_t s = 0; s < parts; ++s) mb = std::max(mb, slice_mb[s]);
+      float e;
+      std::memcpy(&e, &mb, 4);
+      chunk_bound = e;
+      st = mb < 0x7F800000u ? detail::kChunkOk : detail::kChunkOverflow;
+    } else {
+      const size_t nvalid = j0 < geo.d ? std::min(n, geo.d - j0) : 0;
+      st = k.encode_chunk(nvalid ? grad + j0 : nullptr, m.ef ? m.res.data() + j0 : nullptr,
+                          nvalid, n, j0, m.runs[c.run].block, m.sign_key, qp, cw.work.data(),
+                          cw.idx.data(), out, m.ef ? m.scratch.data() + j0 : nullptr,
+                          &chunk_bound, inner);
+    }
+    m.task_value[i] = chunk_bound;
+    return st;
+  });
+  if (fail < m.tasks.size()) return FromChunk(m.task_status[fail]);
+  double bound = 0;  // of the new residual
+  for (size_t i = 0; i < m.tasks.size(); ++i) bound = std::max(bound, m.task_value[i]);
   if (m.ef) {
     m.res.swap(m.scratch);
     m.res_bound = bound;

@@ -124,17 +124,20 @@ struct Kernels {
   int (*encode_chunk)(const float* grad, const float* res, size_t nvalid, size_t n,
                        uint64_t j0, size_t block, uint32_t sign_key, const QuantParams& p,
                        float* work, uint8_t* idx, uint8_t* payload, float* res_out,
-                       double* res_bound_out);
+                       double* res_bound_out, int threads);
   // Encode steps 1-2 of one chunk (the norm's half of a step with error feedback):
   // y = Hu(sign * grad) + res (n floats each, starting at the chunk); *sumsq = sum of y^2 in
   // binary64. A ChunkStatus.
   int (*rotate_chunk)(const float* grad, const float* res, size_t nvalid, size_t n, uint64_t j0,
-                      size_t block, uint32_t sign_key, float* y, double* sumsq);
+                      size_t block, uint32_t sign_key, float* y, double* sumsq, int threads);
   // The whole decode of one chunk: sums (lanes of lane_bits) and out start at the chunk; out
   // gets nvalid floats; work holds n floats.
+  // encode_chunk, rotate_chunk and decode_chunk take `threads`: a chunk that is one block
+  // larger than the transform's leaf runs its transform on that many threads (RunTasks; the
+  // same operations on every element, so the same bits); 1, and other chunks, on the caller's.
   void (*decode_chunk)(const void* sums, int lane_bits, size_t nvalid, size_t n, uint64_t j0,
                        size_t block, uint32_t sign_key, float m1, float m0, float* work,
-                       float* out);
+                       float* out, int threads);
   // aggregate: sums[i] += tbl[index i of the b-bit stream], i < n; lanes of lane_bits.
   void (*add_indices)(const uint8_t* payload, size_t n, int bits, const uint32_t* tbl,
                       int lane_bits, void* sums);
@@ -142,6 +145,12 @@ struct Kernels {
 
 // The kernels of the active instruction set (dispatch.cc).
 const Kernels& ActiveKernels();
+
+// fn(ctx, i) for every i < tasks on up to `threads` threads (parallel.cc: parallel.h's
+// ParallelTasks). The kernels reach threads only through this function, so that no inline code
+// of the standard library's threads is compiled with a kernel file's ISA flags (the linker keeps
+// one copy of each inline function, and that copy could then need an ISA the CPU lacks).
+void RunTasks(int threads, size_t tasks, void (*fn)(void* ctx, size_t i), void* ctx);
 
 // Per-ISA entry points, defined in the kernel files; dispatch.cc gathers them.
 #define THC_DECLARE_ISA_KERNELS(ns)                                                           \
@@ -157,12 +166,13 @@ const Kernels& ActiveKernels();
                   int lane_bits, void* sums);                                                 \
   int EncodeChunk(const float* grad, const float* res, size_t nvalid, size_t n, uint64_t j0,  \
                    size_t block, uint32_t sign_key, const QuantParams& p, float* work,        \
-                   uint8_t* idx, uint8_t* payload, float* res_out, double* res_bound_out);    \
+                   uint8_t* idx, uint8_t* payload, float* res_out, double* res_bound_out,     \
+                   int threads);                                                              \
   int RotateChunk(const float* grad, const float* res, size_t nvalid, size_t n, uint64_t j0,  \
-                  size_t block, uint32_t sign_key, float* y, double* sumsq);                  \
+                  size_t block, uint32_t sign_key, float* y, double* sumsq, int threads);     \
   void DecodeChunk(const void* sums, int lane_bits, size_t nvalid, size_t n, uint64_t j0,     \
                    size_t block, uint32_t sign_key, float m1, float m0, float* work,          \
-                   float* out);                                                               \
+                   float* out, int threads);                                                  \
   }
 
 THC_DECLARE_ISA_KERNELS(portable)

@@ -496,8 +496,8 @@ struct SignedSource {
 };
 
 // Sink of the transform: with error feedback add the rotated residual (step 2), quantise y
-// (steps 4-5), write the indices (packed when bits is 4 and W is 16, else bytes for Pack), and
-// with error feedback store the new residual e = y - level value (step 7).
+// (steps 4-5), write the indices (packed when bits is 4 and W is 8 or 16, else bytes for Pack),
+// and with error feedback store the new residual e = y - level value (step 7).
 template <bool kEf, class Lut>
 struct QuantizeSink {
   QuantizeBody<kEf, Lut> body;
@@ -526,6 +526,21 @@ struct QuantizeSink {
       return;
     }
     _mm_storeu_si128((__m128i*)(idx + i), _mm512_cvtepi32_epi8((__m512i)q));
+#elif THC_W == 8
+    if (pack4) {  // 8 indices of 4 bits: lane pairs into one byte (as above), 4 bytes
+      const __m256i qq = (__m256i)q;
+      const __m256i two = _mm256_or_si256(qq, _mm256_srli_epi64(qq, 28));
+      // the two 64-bit lanes' low bytes of each half to its bytes 0 and 1, the rest zero
+      const __m256i b = _mm256_shuffle_epi8(
+          two, _mm256_setr_epi8(0, 8, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 0,
+                                8, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1));
+      const uint32_t lo = (uint32_t)_mm_cvtsi128_si32(_mm256_castsi256_si128(b));
+      const uint32_t hi = (uint32_t)_mm_cvtsi128_si32(_mm256_extracti128_si256(b, 1));
+      const uint32_t word = lo | (hi << 16);
+      std::memcpy(payload + i / 2, &word, 4);  // little-endian: indices i .. i+7
+      return;
+    }
+    StoreIdx(idx + i, q);
 #else
     StoreIdx(idx + i, q);
 #endif
@@ -554,15 +569,32 @@ template <bool kEf, class Lut>
 int EncodePipeline(const float* grad, const float* res, size_t nvalid, size_t n, uint64_t j0,
                    size_t block, uint32_t sign_key, const QuantParams& p, const Lut& lut,
                    float* work, uint8_t* idx, uint8_t* payload, float* res_out,
-                   double* res_bound_out) {
+                   double* res_bound_out, int threads) {
   const QuantizeBody<kEf, Lut> body(p, lut);
-  const bool pack4 = W == 16 && p.levels == 16;
+  const bool pack4 = W >= 8 && p.levels == 16;
+  const int bits = (int)__builtin_ctz((unsigned)p.levels);
   const uint32_t* signs = ChunkSignWords(sign_key, j0, n);
   vu amax = vu{};
-  SignedSource src{grad, nvalid, signs, &amax, vu{}};
   QuantizeSink<kEf, Lut> quant{body, res, res_out, j0, p.round_key, pack4, payload, idx};
-  for (size_t b = 0; b < n; b += block) BlockTo<true>(work, b, block, src, quant);
-  if (!pack4) Pack(idx, n, (int)__builtin_ctz((unsigned)p.levels), payload);
+  if (threads > 1 && n == block && block > kLeaf) {
+    vu amax_of[kMaxSubBlocks] = {};  // per sub-block task, the maximum taken below
+    auto make_src = [&](size_t i) { return SignedSource{grad, nvalid, signs, &amax_of[i], vu{}}; };
+    auto make_sink = [&](size_t) { return quant; };
+    BlockToThreads<true>(work, 0, block, make_src, make_sink, threads);
+    for (const vu& a : amax_of) amax = a > amax ? a : amax;
+    if (!pack4) {  // ranges of whole bytes: multiples of 8 indices
+      const size_t parts = (size_t)threads, units = n / 8;
+      auto pack = [&](size_t k) {
+        const size_t lo = k * units / parts * 8, hi = (k + 1) * units / parts * 8;
+        Pack(idx + lo, hi - lo, bits, payload + lo * bits / 8);
+      };
+      ForTasks(threads, parts, pack);
+    }
+  } else {
+    SignedSource src{grad, nvalid, signs, &amax, vu{}};
+    for (size_t b = 0; b < n; b += block) BlockTo<true>(work, b, block, src, quant);
+    if (!pack4) Pack(idx, n, bits, payload);
+  }
   if constexpr (kEf) StreamFence();
   const uint32_t m = MaxLane(amax);
   if (m >= 0x7F800000u) return kChunkNonFinite;
@@ -583,12 +615,12 @@ template <class Lut>
 int EncodePipelineLut(const float* grad, const float* res, size_t nvalid, size_t n, uint64_t j0,
                       size_t block, uint32_t sign_key, const QuantParams& p, const Lut& lut,
                       float* work, uint8_t* idx, uint8_t* payload, float* res_out,
-                      double* res_bound_out) {
+                      double* res_bound_out, int threads) {
   if (res_out)
     return EncodePipeline<true>(grad, res, nvalid, n, j0, block, sign_key, p, lut, work, idx,
-                                payload, res_out, res_bound_out);
+                                payload, res_out, res_bound_out, threads);
   return EncodePipeline<false>(grad, res, nvalid, n, j0, block, sign_key, p, lut, work, idx,
-                               payload, res_out, res_bound_out);
+                               payload, res_out, res_bound_out, threads);
 }
 
 // Sink of the rotation: y + res into y.
@@ -621,16 +653,16 @@ int RotateChecked(const float* grad, const float* res, size_t nvalid, size_t n, 
 
 int EncodeChunk(const float* grad, const float* res, size_t nvalid, size_t n, uint64_t j0,
                 size_t block, uint32_t sign_key, const QuantParams& p, float* work, uint8_t* idx,
-                uint8_t* payload, float* res_out, double* res_bound_out) {
+                uint8_t* payload, float* res_out, double* res_bound_out, int threads) {
   const int bits = (int)__builtin_ctz((unsigned)p.levels);
 #if THC_W >= 8
   if (block >= kMinPipelineBlock && (res_out != nullptr) == p.ef) {
     const int st =
         p.lvl && p.levels <= 16 && p.tbl[p.levels - 1] < 32
             ? EncodePipelineLut(grad, res, nvalid, n, j0, block, sign_key, p, PermLut(p), work,
-                                idx, payload, res_out, res_bound_out)
+                                idx, payload, res_out, res_bound_out, threads)
             : EncodePipelineLut(grad, res, nvalid, n, j0, block, sign_key, p, GatherLut(p), work,
-                                idx, payload, res_out, res_bound_out);
+                                idx, payload, res_out, res_bound_out, threads);
     if (st != kChunkCheck) return st;
     // Inputs near FLT_MAX, or a residual whose bound no longer proves the new one finite: redo
     // the chunk below, checking what it produces (the pipeline does not keep it).
@@ -655,13 +687,24 @@ int EncodeChunk(const float* grad, const float* res, size_t nvalid, size_t n, ui
 }
 
 int RotateChunk(const float* grad, const float* res, size_t nvalid, size_t n, uint64_t j0,
-                size_t block, uint32_t sign_key, float* y, double* sumsq) {
+                size_t block, uint32_t sign_key, float* y, double* sumsq, int threads) {
 #if THC_W >= 8
   if (block >= kMinPipelineBlock) {
     vu amax = vu{};
-    SignedSource src{grad, nvalid, ChunkSignWords(sign_key, j0, n), &amax, vu{}};
+    const uint32_t* signs = ChunkSignWords(sign_key, j0, n);
     RotateSink sink{y, res};
-    for (size_t b = 0; b < n; b += block) BlockTo<true>(y, b, block, src, sink);
+    if (threads > 1 && n == block && block > kLeaf) {
+      vu amax_of[kMaxSubBlocks] = {};
+      auto make_src = [&](size_t i) {
+        return SignedSource{grad, nvalid, signs, &amax_of[i], vu{}};
+      };
+      auto make_sink = [&](size_t) { return sink; };
+      BlockToThreads<true>(y, 0, block, make_src, make_sink, threads);
+      for (const vu& a : amax_of) amax = a > amax ? a : amax;
+    } else {
+      SignedSource src{grad, nvalid, signs, &amax, vu{}};
+      for (size_t b = 0; b < n; b += block) BlockTo<true>(y, b, block, src, sink);
+    }
     if (MaxLane(amax) >= 0x7F800000u) return kChunkNonFinite;
     // The squares (and the finite check) in a second pass over the chunk, still in cache:
     // cheaper than carrying binary64 accumulators through the transform's sink.

@@ -35,6 +35,7 @@ using codec::kMaxStep;  // ... and the step in the other 40
 constexpr uint32_t kMaxGranularity = (1u << 24) - 1;    // g: every table value exact in float32
 constexpr uint64_t kMaxRotationBlock = uint64_t{1} << 32;
 constexpr uint32_t kMaxWorkers = 0xffffffffu;           // n: a uint32 everywhere
+constexpr int kMaxThreads = 256;                        // threads of one partition's codec
 
 // Everything that defines the code. Workers and the server must agree on all of it.
 struct Config {
@@ -106,6 +107,12 @@ class Encoder {
   Status Encode(const float* grad, double max_norm, uint8_t* payload);
   uint64_t step() const;
   void set_step(uint64_t step);
+  // Norm() and Encode() run on up to `threads` threads, the calling one included, where each
+  // gets at least 2^16 coordinates: the partition's chunks (whole rotation blocks) split over
+  // them, or a partition of one block that block's transform. The results are bit for bit
+  // those of one thread. Clamped to 1..kMaxThreads. Default 1.
+  void set_threads(int threads);
+  int threads() const;
   // The rotated residual r (docs/ALGORITHM.md, "Error-feedback state"): geometry().padded
   // floats, or nullptr without error feedback.
   const float* residual() const;
@@ -138,9 +145,10 @@ class Aggregator {
   Impl* impl_;
 };
 
-// Decodes the sums of n workers into d floats (the estimate of the mean input).
+// Decodes the sums of n workers into d floats (the estimate of the mean input). `threads`: as
+// Encoder::set_threads, the same bits.
 Status Decode(const Config& cfg, size_t d, const void* sums, int lane_bits, uint32_t num_workers,
-              double max_norm, float* out);
+              double max_norm, float* out, int threads = 1);
 
 // The way down (docs/ALGORITHM.md, "Publish"): the server publishes the sums as an LSB-first
 // stream of SumBits() bits each, ceil(log2(n*g + 1)) (0 when n*g does not fit 32 bits).
@@ -158,7 +166,7 @@ bool UnpackSums(const uint8_t* packed, size_t bytes, int sum_bits, size_t n, int
 // instead of their mean, n folded into the last scale (docs/ALGORITHM.md, "Decode").
 Status DecodePacked(const Config& cfg, size_t d, const uint8_t* packed, size_t bytes,
                     int sum_bits, uint32_t num_workers, double max_norm, float* out,
-                    bool total = false);
+                    bool total = false, int threads = 1);
 
 // The instruction set chosen at run time: "avx512", "avx2" or "portable" (the best this CPU has).
 const char* ActiveIsa();

@@ -262,13 +262,17 @@ constexpr size_t kSinkTile = 64;
 // costs two partial writes to memory. And the sink's constants (its lookup tables are up to 14
 // AVX2 registers) stay in registers through its own loop instead of competing with the 2^S
 // vectors of the stages.
+// [o_lo, o_hi): the offsets within each span that this call does (all of [0, h) by default;
+// BlockToThreads splits them, in multiples of min(h, kSinkTile)).
 template <int S, class Sink>
-void RadixPassTo(float* w, size_t base, size_t n, size_t h, Sink sink) {
+void RadixPassTo(float* w, size_t base, size_t n, size_t h, Sink sink, size_t o_lo = 0,
+                 size_t o_hi = (size_t)-1) {
   const size_t span = h << S;
+  if (o_hi > h) o_hi = h;
   if constexpr (std::is_same_v<Sink, StoreTo>) {
     for (size_t b = base; b < base + n; b += span) {
       float* p = w + b;
-      for (size_t o = 0; o < h; o += W) {
+      for (size_t o = o_lo; o < o_hi; o += W) {
         vf r[1 << S];
 #pragma GCC unroll 16
         for (int m = 0; m < (1 << S); ++m) std::memcpy(&r[m], p + o + m * h, sizeof(vf));
@@ -282,7 +286,7 @@ void RadixPassTo(float* w, size_t base, size_t n, size_t h, Sink sink) {
     const size_t step = h < kSinkTile ? h : kSinkTile;  // h and kSinkTile: powers of two >= W
     for (size_t b = base; b < base + n; b += span) {
       const float* p = w + b;
-      for (size_t o = 0; o < h; o += step) {
+      for (size_t o = o_lo; o < o_hi; o += step) {
         for (size_t q = 0; q < step; q += W) {
           vf r[1 << S];
 #pragma GCC unroll 16
@@ -299,12 +303,13 @@ void RadixPassTo(float* w, size_t base, size_t n, size_t h, Sink sink) {
 }
 
 template <class Sink>
-void RadixPassSTo(float* w, size_t base, size_t n, size_t h, int s, Sink sink) {
+void RadixPassSTo(float* w, size_t base, size_t n, size_t h, int s, Sink sink, size_t o_lo = 0,
+                  size_t o_hi = (size_t)-1) {
   switch (s) {
-    case 1: RadixPassTo<1>(w, base, n, h, sink); break;
-    case 2: RadixPassTo<2>(w, base, n, h, sink); break;
-    case 3: RadixPassTo<3>(w, base, n, h, sink); break;
-    default: RadixPassTo<kMaxRadix>(w, base, n, h, sink); break;
+    case 1: RadixPassTo<1>(w, base, n, h, sink, o_lo, o_hi); break;
+    case 2: RadixPassTo<2>(w, base, n, h, sink, o_lo, o_hi); break;
+    case 3: RadixPassTo<3>(w, base, n, h, sink, o_lo, o_hi); break;
+    default: RadixPassTo<kMaxRadix>(w, base, n, h, sink, o_lo, o_hi); break;
   }
 }
 
@@ -356,6 +361,44 @@ void BlockTo(float* w, size_t base, size_t n, Src src, Sink sink) {
   StoreTo keep{w};
   for (size_t i = 0; i < n; i += sub) BlockTo<kInVec>(w, base + i, sub, src, keep);
   RadixPassSTo(w, base, n, sub, s, sink);
+}
+
+// fn(i) for i < tasks on up to `threads` threads (RunTasks), in this thread when threads <= 1.
+template <class F>
+void ForTasks(int threads, size_t tasks, F& fn) {
+  if (threads <= 1 || tasks <= 1) {
+    for (size_t i = 0; i < tasks; ++i) fn(i);
+    return;
+  }
+  RunTasks(threads, tasks, [](void* c, size_t i) { (*static_cast<F*>(c))(i); }, &fn);
+}
+
+// Sub-blocks of BlockTo's top pass (2^s, s <= kMaxRadix).
+constexpr size_t kMaxSubBlocks = size_t{1} << kMaxRadix;
+
+// BlockTo of one block of n > kLeaf floats on `threads` threads, with BlockTo's operations on
+// every element (only independent work is spread): first the 2^s sub-blocks below the top pass,
+// each transformed wholly by one task into w (task i's source: make_src(i), so that what a
+// source accumulates stays per task), then the top pass, its offsets split into `threads`
+// ranges of whole sink tiles (task k's sink: make_sink(k)); each top task ends with a store
+// fence for its streaming stores. The second phase starts when the first is done.
+template <bool kInVec, class MakeSrc, class MakeSink>
+void BlockToThreads(float* w, size_t base, size_t n, MakeSrc make_src, MakeSink make_sink,
+                    int threads) {
+  int levels = 0;
+  for (size_t m = n; m > kLeaf; m >>= 1) ++levels;
+  const int s = levels < kMaxRadix ? levels : kMaxRadix;
+  const size_t sub = n >> s;
+  auto lower = [&](size_t i) { BlockTo<kInVec>(w, base + i * sub, sub, make_src(i), StoreTo{w}); };
+  ForTasks(threads, (size_t)1 << s, lower);
+  const size_t unit = sub < kSinkTile ? sub : kSinkTile, units = sub / unit;
+  const size_t parts = (size_t)threads < units ? (size_t)threads : units;
+  auto top = [&](size_t k) {
+    RadixPassSTo(w, base, n, sub, s, make_sink(k), k * units / parts * unit,
+                 (k + 1) * units / parts * unit);
+    StreamFence();
+  };
+  ForTasks(threads, parts, top);
 }
 
 // The smallest block the pipelines take (smaller blocks run the kernels one after another).

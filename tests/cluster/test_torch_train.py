@@ -2,7 +2,8 @@
 
 - the digits example trains with THC to within 2 points of uncompressed, and after training both
   workers' parameters are bit-identical (THC and none);
-- fp32, fp16 and bf16 gradients go through DistributedOptimizer with THC (and broadcasts).
+- fp32, fp16 and bf16 gradients go through DistributedOptimizer with THC (and broadcasts);
+- BYTEPS_THC_CODEC_THREADS=2 trains to the same parameters, bit for bit, as one codec thread.
 
 Skipped when the BytePS fork is not installed (`make byteps`).
 """
@@ -19,11 +20,11 @@ EXAMPLE = os.path.join(ROOT, "example", "pytorch", "train_digits.py")
 EPOCHS = "3"
 
 
-def _train(compressor, tmp_path):
+def _train(compressor, tmp_path, env=None):
     stats = tmp_path / f"{compressor}.json"
     code, out, err, took = bpslaunch(
         ["--local", "2", "--compressor", compressor, "--timeout", "400", "--", sys.executable,
-         EXAMPLE, "--epochs", EPOCHS, "--stats-json", str(stats)], timeout=450)
+         EXAMPLE, "--epochs", EPOCHS, "--stats-json", str(stats)], timeout=450, env=env)
     assert code == 0, out[-3000:] + err[-3000:]
     digests = re.findall(r"\[worker (\d)\] final test accuracy: ([0-9.]+) .*parameter digest (\w+)",
                          out)
@@ -47,6 +48,15 @@ def test_thc_accuracy_within_two_points_of_uncompressed(trained):
 def test_workers_end_bit_identical(trained, compressor):
     (_, acc0, d0), (_, acc1, d1) = sorted(trained[compressor][1])
     assert d0 == d1 and acc0 == acc1
+
+
+def test_codec_threads_train_to_the_same_bits(trained, tmp_path):
+    """The digits MLP's 512 x 512 layer is one partition of one 2^18 rotation block: with two
+    codec threads each worker splits that block's transform (encode, norm and decode). The
+    server's sums are integers, so the run repeats the one-thread run's parameters exactly."""
+    env = dict(os.environ, BYTEPS_THC_CODEC_THREADS="2")
+    _, digests, _ = _train("thc", tmp_path, env)
+    assert sorted(digests) == sorted(trained["thc"][1])
 
 
 def test_thc_sends_fewer_bytes(trained):

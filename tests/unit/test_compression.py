@@ -270,3 +270,15 @@ def test_thc_kwargs_carry_the_nonfinite_mode():
     assert thc.kwargs((True, 1 << 20), {"BYTEPS_THC_NONFINITE": "error"})["thc_nonfinite"] == \
         "error"
     assert thc.kwargs((True, 100), {"BYTEPS_THC_NONFINITE": "error"}) is None
+
+
+def test_thc_kwargs_carry_the_codec_threads():
+    """BYTEPS_THC_CODEC_THREADS: absent from the kwargs at its default of 1 (the fork's default
+    when absent), else thc_codec_threads; not a positive integer is refused by name."""
+    cfg = ThcConfig()
+    assert c.thc_kwargs(cfg, {"BYTEPS_THC_CODEC_THREADS": "1"}) == cfg.to_kwargs()
+    assert c.thc_kwargs(cfg, {"BYTEPS_THC_CODEC_THREADS": "4"}) == \
+        dict(cfg.to_kwargs(), thc_codec_threads="4")
+    for bad in ("0", "-2", "two"):
+        with pytest.raises(ValueError, match=f"BYTEPS_THC_CODEC_THREADS='{bad}'"):
+            c.thc_kwargs(cfg, {"BYTEPS_THC_CODEC_THREADS": bad})

@@ -84,6 +84,7 @@ std::string ThcCompressor::Bind(uint64_t key, size_t bytes, uint32_t rank,
   d_ = d;
   cfg_ = thcwire::PartitionConfig(settings_.config, key);
   encoder_.reset(new thc::Encoder(cfg_, d, rank, settings_.error_feedback));
+  encoder_->set_threads(settings_.codec_threads);
   fingerprint_ = thcwire::Fingerprint(cfg_, d);
   const thc::Geometry& geo = encoder_->geometry();
   send_.assign(sizeof(thcwire::PushHeader) + geo.payload_bytes, 0);
@@ -187,7 +188,7 @@ tensor_t ThcCompressor::Decompress(tensor_t compressed) {
                                         : scratch_.data();
   auto st = thc::DecodePacked(cfg_, d_, reinterpret_cast<const uint8_t*>(recv_.data()) + sizeof(h),
                               h.payload_bytes, static_cast<int>(h.lane_bits), h.num_workers,
-                              max_norm_, out, /*total=*/true);
+                              max_norm_, out, /*total=*/true, settings_.codec_threads);
   if (st != thc::Status::kOk) {
     error_ = std::string("decode failed: ") + thc::StatusText(st);
     return none;

@@ -168,6 +168,12 @@ std::string ParseThcKwargs(const Kwargs& kwargs, ThcSettings* out) {
       return "thc_nonfinite=" + nf->second + " must be propagate or error";
     s.nonfinite_error = nf->second == "error";
   }
+  if ((v = FindKwarg(kwargs, "thc_codec_threads"))) {
+    if (!ParseU64(v, &u) || u < 1 || u > static_cast<uint64_t>(thc::kMaxThreads))
+      return std::string("thc_codec_threads=") + v + " must be 1.." +
+             std::to_string(thc::kMaxThreads) + " (BYTEPS_THC_CODEC_THREADS)";
+    s.codec_threads = static_cast<int>(u);
+  }
   std::string err = thc::Validate(c);
   if (!err.empty()) return err;
   *out = std::move(s);

@@ -32,6 +32,9 @@ struct ThcSettings {
   // false (propagate): a NaN/Inf gradient makes the agreed norm non-finite and every worker skips
   // the partition's step, its output NaN/+inf; true (error): the round fails, naming the sender.
   bool nonfinite_error = false;
+  // Threads of this worker's codec for one partition (thc::Encoder::set_threads): worker-local,
+  // no part of the code, so neither the fingerprint nor the server looks at it.
+  int codec_threads = 1;
 };
 
 // "error" or "propagate", as thc_nonfinite spells it.
@@ -51,7 +54,7 @@ bool ParseDouble(const char* text, double* out);
 // thc_seed, thc_rotation_block, thc_tiling and thc_sums (when sent, they must be kTiling and
 // kSums), thc_table (comma-separated, as solved by
 // byteps_thc.tables.solve_table), thc_error_feedback (1/0), thc_nonfinite (propagate, the
-// default, or error) and the generic ef_type, then
+// default, or error), thc_codec_threads (1..thc::kMaxThreads) and the generic ef_type, then
 // thc::Validate()s the result. Returns "" on success, else a message naming the bad kwarg.
 std::string ParseThcKwargs(const Kwargs& kwargs, ThcSettings* out);
 
