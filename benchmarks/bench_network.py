@@ -257,12 +257,7 @@ def run_replay(net, a, model: str, spec, bw: float, link_gbit: float, costs, log
     compute_ms = a.compute_ms if a.compute_ms is not None else replay_defaults(model)[0]
     batch = replay_defaults(model)[1]
     sc = _scenario(model, bw, link_gbit, compute_ms, a.workers)
-    try:
-        pred = predict.predict_one(sc, spec, costs)
-    except ValueError as e:   # a configuration the fork cannot run (an LHC payload too large)
-        return dict(_spec_info(spec), workload=model, kind="replay", bandwidth_gbit=bw,
-                    link_gbit_measured=link_gbit, workers=a.workers, status="refused",
-                    error=str(e))
+    pred = predict.predict_one(sc, spec, costs)
     steps = max(a.min_steps, min(a.steps, int(a.run_seconds / max(pred.step_s, 1e-3))))
     known = model in models.MODELS
     cmd = replay.worker_argv(steps, a.warmup, shapes=None if known else replay_shapes(model),

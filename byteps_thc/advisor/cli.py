@@ -30,7 +30,6 @@ from .predict import (
     Prediction,
     Scenario,
     default_specs,
-    lhc_oversized,
     predict,
     recommend,
 )
@@ -66,9 +65,6 @@ def _left_out(sc: Scenario, costs, workers: int) -> list:
             continue
         if not costs.has_lhc:
             out.append(f"{s.label} (the costs have no LHC codec figures)")
-        elif lhc_oversized(sc, s):
-            out.append(f"{s.label} (its payload would outgrow a partition of "
-                       f"{lhc_oversized(sc, s)[0]} values)")
     return out
 
 

@@ -33,7 +33,6 @@ from .wire import (
     dithering_bits_per_element,
     lhc_fallback_indices,
     lhc_nonzeros,
-    lhc_payload_bytes,
     parse_spec,
     partitions_with_density,
     wire_bytes,
@@ -148,29 +147,9 @@ def size_lhc(sc: Scenario, spec: CompressorSpec) -> CompressorSpec:
     return CompressorSpec("lhc", lhc=LhcConfig(capacity=cap), label=f"lhc-c{cap}")
 
 
-def lhc_oversized(sc: Scenario, spec: CompressorSpec) -> List[int]:
-    """The sizes of the compressed partitions whose LHC payload is larger than their float32
-    bytes: BytePS's COMPRESS stage requires a compressor's output to fit its partition, so LHC
-    cannot run on such a model with this capacity (docs/LHC.md, "Not yet done")."""
-    if spec.name != "lhc":
-        return []
-    cfg = size_lhc(sc, spec).lhc_config()
-    sizes = {e for e, c, _, _ in partitions_with_density(
-        sc.tensors, None, None, sc.partition_bytes, sc.min_compress_bytes) if c}
-    return sorted(e for e in sizes if lhc_payload_bytes(cfg, e) > 4 * e)
-
-
 def predict_one(sc: Scenario, spec: CompressorSpec, costs: HostCosts) -> Prediction:
     n = sc.workers
     spec = size_lhc(sc, spec)
-    big = lhc_oversized(sc, spec)
-    if big:
-        raise ValueError(
-            f"{spec.label}: a partition of {big[0]} values would get an LHC payload of "
-            f"{lhc_payload_bytes(spec.lhc_config(), big[0])} bytes, more than its {4 * big[0]} "
-            "float32 bytes, which BytePS's COMPRESS stage refuses (it aborts the worker); "
-            f"use a smaller capacity (lhc-c<N>) or a BYTEPS_MIN_COMPRESS_BYTES above "
-            f"{4 * big[-1]}")
     parts = partitions_with_density(sc.tensors, sc.density, sc.union_density,
                                     sc.partition_bytes, sc.min_compress_bytes)
     rate = None
@@ -227,11 +206,10 @@ def predict_one(sc: Scenario, spec: CompressorSpec, costs: HostCosts) -> Predict
 def predict(sc: Scenario, specs: Optional[Sequence[CompressorSpec]],
             costs: HostCosts) -> List[Prediction]:
     """Predictions for every compressor of `specs` (None: default_specs, without LHC where the
-    costs have none or a partition could not take it, `lhc_oversized`), fastest first;
+    costs have none), fastest first;
     `speedup` is relative to `none`. `costs`: e.g. byteps_thc.advisor.host.host_costs()."""
-    if specs is None:   # LHC where the costs price it and the model's partitions can take it
-        specs = [s for s in default_specs(sc.workers)
-                 if s.name != "lhc" or (costs.has_lhc and not lhc_oversized(sc, s))]
+    if specs is None:   # costs measured before LHC price no LHC (asked for, it raises)
+        specs = [s for s in default_specs(sc.workers) if s.name != "lhc" or costs.has_lhc]
     preds = [predict_one(sc, s, costs) for s in specs]
     base = predict_one(sc, CompressorSpec("none"), costs).step_s
     for p in preds:

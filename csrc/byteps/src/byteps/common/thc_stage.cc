@@ -261,11 +261,12 @@ void ThcNormLoop() {
   BytePSGlobal::ReportThreadFinish();
 }
 
-void ThcAfterCompress(const std::shared_ptr<TensorTableEntry>& task) {
+bool ThcAfterCompress(const std::shared_ptr<TensorTableEntry>& task) {
   auto* thc = AsThc(task);
-  if (!thc) return;
+  if (!thc) return false;
   std::string err = thc->TakeError();
   if (!err.empty()) ThcRecordFailure(task, Where(task) + ": " + err + ".");
+  return true;
 }
 
 bool ThcAfterDecompress(std::shared_ptr<TensorTableEntry> task) {

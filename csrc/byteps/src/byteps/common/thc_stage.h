@@ -43,8 +43,11 @@ void ThcNormLoop();
 // Failures (thc_failure.h): a failed THC partition fails its push_pull with a message naming the
 // tensor, key, rank, what happened and what to do, and never the process.
 // After COMPRESS: records an encode failure; the header-only push still goes out, so the server
-// fails the round for every worker instead of waiting for this one.
-void ThcAfterCompress(const std::shared_ptr<TensorTableEntry>& task);
+// fails the round for every worker instead of waiting for this one. True for THC and LHC
+// partitions: they push from the compressor's own buffer, which may be larger than the partition
+// (an LHC sketch sized for more nonzeros than a small partition has values), so BytePS's check
+// that a payload fits its partition is for the other compressors only.
+bool ThcAfterCompress(const std::shared_ptr<TensorTableEntry>& task);
 // After DECOMPRESS: true when the reply was the server's error or malformed; the partition then
 // failed and finished (the caller returns).
 bool ThcAfterDecompress(std::shared_ptr<TensorTableEntry> task);
