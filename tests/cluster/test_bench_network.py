@@ -75,16 +75,13 @@ def test_killed_run_leaves_nothing_after_cleanup_stale():
     assert _namespaces(prefix) == []
 
 
-@needs_net
-@pytest.mark.needs_fork
-def test_bench_smoke_tiny_model_two_compressors(tmp_path):
-    out = tmp_path / "r.json"
-    t0 = time.monotonic()
+def _bench_tiny(tmp_path, compressors, *extra):
+    """One run of the benchmark on the tiny model at 1 Gbit/s, 2 steps; (its output, p)."""
     p = subprocess.Popen(
         [sys.executable, BENCH, "--workloads", "tiny", "--bandwidths", "1", "--compressors",
-         "none,thc", "--steps", "2", "--min-steps", "2", "--warmup", "1", "--time-budget", "1.5",
-         "--run-timeout", "45", "--json", str(out), "--plot", str(tmp_path / "img"),
-         "--logdir", str(tmp_path / "logs"),
+         compressors, "--steps", "2", "--min-steps", "2", "--warmup", "1", "--time-budget", "1.5",
+         "--run-timeout", "45", "--json", str(tmp_path / "r.json"),
+         "--logdir", str(tmp_path / "logs"), *extra,
          # the committed costs: a host's first own calibration takes minutes (not this test's)
          "--costs", os.path.join(ROOT, "tests", "data", "advise-costs-median3.json")],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -95,6 +92,15 @@ def test_bench_smoke_tiny_model_two_compressors(tmp_path):
         text, _ = p.communicate(timeout=20)
         pytest.fail("benchmark smoke run took over 110 s:\n" + text[-3000:])
     assert p.returncode == 0, text[-3000:]
+    return text, p
+
+
+@needs_net
+@pytest.mark.needs_fork
+def test_bench_smoke_tiny_model_two_compressors(tmp_path):
+    out = tmp_path / "r.json"
+    t0 = time.monotonic()
+    text, p = _bench_tiny(tmp_path, "none,thc", "--plot", str(tmp_path / "img"))
     assert time.monotonic() - t0 < 115
     records = json.loads(out.read_text())
     by = {r["compressor"]: r for r in records}
@@ -126,20 +132,7 @@ def test_ncf_replay_is_priced_with_its_tables_density():
 @pytest.mark.needs_fork
 def test_bench_smoke_tiny_model_lhc_topk(tmp_path):
     out = tmp_path / "r.json"
-    p = subprocess.Popen(
-        [sys.executable, BENCH, "--workloads", "tiny", "--bandwidths", "1", "--compressors",
-         "none,lhc-topk-0.01", "--steps", "2", "--min-steps", "2", "--warmup", "1",
-         "--time-budget", "1.5", "--run-timeout", "45", "--json", str(out),
-         "--logdir", str(tmp_path / "logs"),
-         "--costs", os.path.join(ROOT, "tests", "data", "advise-costs-median3.json")],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        text, _ = p.communicate(timeout=110)
-    except subprocess.TimeoutExpired:
-        p.terminate()           # the script removes its namespaces on SIGTERM
-        text, _ = p.communicate(timeout=20)
-        pytest.fail("benchmark smoke run took over 110 s:\n" + text[-3000:])
-    assert p.returncode == 0, text[-3000:]
+    text, p = _bench_tiny(tmp_path, "none,lhc-topk-0.01")
     by = {r["compressor"]: r for r in json.loads(out.read_text())}
     assert set(by) == {"none", "lhc-topk-0.01"}, text[-3000:]
     for r in by.values():

@@ -16,17 +16,8 @@ from byteps_thc.config import ThcConfig
 
 _C = pytest.importorskip("byteps_thc._C")
 
-ALL_ISAS = ("portable", "avx2", "avx512")
+from test_kernels import ISAS  # noqa: E402  (the ISAs this host can force, once)
 
-
-def _available():
-    orig = _C.active_isa()
-    have = [i for i in ALL_ISAS if _C.force_isa(i)]
-    _C.force_isa(orig)
-    return have
-
-
-ISAS = _available()
 THREADS = (2, 3, 8)
 
 
