@@ -13,6 +13,9 @@ and the whole partition), prints the median time per coordinate of
     encode_alloc, decode_alloc  the same without `out`: the Python API's default, a new payload
                (output) per call, which is what these add to encode and decode
     aggregate  one ThcAggregator.add (unpack, table lookup, integer add)
+    publish    the server's reply: n=4 workers' lanes packed in ceil(log2(n*g + 1)) = 7 bits each
+    decode_packed  a BytePS worker's decode: that packed reply, n folded into the scale
+               (total=True), into a preallocated output
 
 and each as a ratio to memcpy, with one thread and with all threads (independent partitions in
 parallel threads, as BytePS compresses partitions in parallel; the GIL is released in the
@@ -78,6 +81,8 @@ class Partition:
             self.agg.add(self.payload)
         self.sums = self.agg.result()
         self.out = np.empty(d, dtype=np.float32)
+        self.core = self.codec._core
+        self.packed = _C.publish(self.core, WORKERS, self.sums)
 
     def memcpy(self):
         np.copyto(self.copy_dst, self.x)
@@ -100,6 +105,13 @@ class Partition:
 
     def decode(self):
         self.codec.decode(self.sums, self.max_norm, WORKERS, out=self.out)
+
+    def publish(self):
+        _C.publish(self.core, WORKERS, self.sums)
+
+    def decode_packed(self):
+        _C.decode_published(self.core, self.codec.size, self.packed, WORKERS, self.max_norm,
+                            total=True, threads=self.codec.threads, out=self.out)
 
     def aggregate(self):
         if self.agg.count == WORKERS:
@@ -187,7 +199,8 @@ def main(argv=None):
     ap.add_argument("--codec-threads", default="1",
                     help="threads of one partition's codec (ThcCodec's threads), comma separated")
     ap.add_argument("--repeats", type=int, default=0, help="repeats (default: by size)")
-    ap.add_argument("--ops", default="encode,encode_noef,step,decode,aggregate")
+    ap.add_argument("--ops", default="encode,encode_noef,step,decode,decode_packed,aggregate,"
+                                     "publish")
     ap.add_argument("--memory", default="hot,cold",
                     help="hot: one partition again and again (cache-resident up to 2^20); cold: "
                          "cycle through partitions of --working-set MiB of gradients in all, so "

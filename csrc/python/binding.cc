@@ -310,7 +310,7 @@ py::array_t<uint8_t> PublishPy(const thc::Config& cfg, uint32_t num_workers,
 
 py::array_t<float> DecodePublishedPy(const thc::Config& cfg, size_t d, const py::handle& packed,
                                      uint32_t num_workers, double max_norm, bool total,
-                                     int threads) {
+                                     int threads, const py::handle& out_obj) {
   CheckSize(d);
   CheckThreads(threads);
   CheckMaxNorm(max_norm);
@@ -324,7 +324,9 @@ py::array_t<float> DecodePublishedPy(const thc::Config& cfg, size_t d, const py:
       << " sums of " << w << " bits)";
     Fail(m.str());
   }
-  py::array_t<float> out(d);
+  py::array_t<float> out = out_obj.is_none() ? py::array_t<float>(d)
+                                             : Vector<float>(out_obj, "out", d, true);
+  if (!out.writeable()) Fail("out must be writeable");
   thc::Status st;
   {
     py::gil_scoped_release nogil;
@@ -461,7 +463,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("publish", &PublishPy, py::arg("cfg"), py::arg("num_workers"), py::arg("sums"));
   m.def("decode_published", &DecodePublishedPy, py::arg("cfg"), py::arg("d"),
         py::arg("packed"), py::arg("num_workers"), py::arg("max_norm"), py::arg("total") = false,
-        py::arg("threads") = 1);
+        py::arg("threads") = 1, py::arg("out") = py::none());
   m.def("active_isa", &thc::ActiveIsa);
   m.def(
       "force_isa",

@@ -1,5 +1,6 @@
 // byteps-thc codec core: the decoder (docs/ALGORITHM.md, "Decode"), from lanes of sums or from
-// the server's packed reply (sums.cc).
+// the server's packed reply (sums.cc). Both are one stream of w-bit sums (lanes: w = the lane
+// width), which the kernels unpack in the transform's first pass (dequantize_impl.h).
 //
 // Chunks of whole blocks: sums -> z, transform, sign. The transform runs in a per-thread,
 // cache-line aligned scratch buffer (the caller's output may be misaligned for vector loads, and
@@ -18,11 +19,10 @@ namespace thc {
 
 namespace {
 
-// The decode of d values whose chunk of sums [j0, j0 + n) `lanes_at(j0, n)` gives, as lanes of
-// lane_bits (decode_chunk's input); lanes_at is called on the thread that decodes the chunk.
-template <class LanesAt>
-void DecodeRuns(const Config& cfg, const Geometry& geo, int lane_bits, uint32_t num_workers,
-                double max_norm, bool total, float* out, int threads, LanesAt lanes_at) {
+// The decode of d values from the stream of `bytes` bytes at sums, sum_bits per sum.
+void DecodeRuns(const Config& cfg, const Geometry& geo, const uint8_t* sums, size_t bytes,
+                int sum_bits, uint32_t num_workers, double max_norm, bool total, float* out,
+                int threads) {
   const detail::Kernels& k = detail::ActiveKernels();
   const size_t d = geo.d;
   const double T = cfg.clip, g = cfg.granularity, M = max_norm;
@@ -55,8 +55,9 @@ void DecodeRuns(const Config& cfg, const Geometry& geo, int lane_bits, uint32_t 
     const size_t nvalid = std::min(n, d - j0);
     thread_local detail::AlignedArray<float> scratch;
     if (scratch.size() < std::min(chunk, geo.padded)) scratch.resize(std::min(chunk, geo.padded));
-    k.decode_chunk(lanes_at(j0, n), lane_bits, nvalid, n, j0, runs[r].block, key, m1[r], m0[r],
-                   scratch.data(), out + j0, inner);
+    const size_t at = j0 * (size_t)sum_bits / 8;  // j0 is a multiple of 8: a whole byte
+    k.decode_chunk(sums + at, sum_bits, bytes - at, nvalid, n, j0, runs[r].block, key, m1[r],
+                   m0[r], scratch.data(), out + j0, inner);
   });
 }
 
@@ -73,16 +74,11 @@ Status Decode(const Config& cfg, size_t d, const void* sums, int lane_bits, uint
     return Status::kOk;
   }
   const Geometry geo = MakeGeometry(cfg, d);
-  const size_t lane_bytes = (size_t)lane_bits / 8;
-  DecodeRuns(cfg, geo, lane_bits, num_workers, max_norm, false, out, threads,
-             [&](size_t j0, size_t) {
-    return static_cast<const uint8_t*>(sums) + j0 * lane_bytes;
-  });
+  DecodeRuns(cfg, geo, static_cast<const uint8_t*>(sums), geo.padded * (size_t)lane_bits / 8,
+             lane_bits, num_workers, max_norm, false, out, threads);
   return Status::kOk;
 }
 
-// The unpack runs chunk by chunk into a small buffer of lanes that decode_chunk then reads from
-// cache. (Fusing it into decode_chunk's load would save that buffer's round trip through L1.)
 Status DecodePacked(const Config& cfg, size_t d, const uint8_t* packed, size_t bytes,
                     int sum_bits, uint32_t num_workers, double max_norm, float* out, bool total,
                     int threads) {
@@ -97,18 +93,7 @@ Status DecodePacked(const Config& cfg, size_t d, const uint8_t* packed, size_t b
     std::fill(out, out + d, 0.0f);
     return Status::kOk;
   }
-  const size_t chunk = std::max(geo.block, detail::kChunk);
-  const size_t lane_bytes = (size_t)lane_bits / 8;
-  const size_t lanes_bytes = std::min(chunk, geo.padded) * lane_bytes;
-  DecodeRuns(cfg, geo, lane_bits, num_workers, max_norm, total, out, threads,
-             [&](size_t j0, size_t n) {
-    thread_local detail::AlignedArray<uint8_t> lanes;  // the decoding thread's
-    if (lanes.size() < lanes_bytes) lanes.resize(lanes_bytes);
-    // j0 is a multiple of 8 (of 32, or 0), so its sums start on a byte
-    const size_t at = j0 * (size_t)sum_bits / 8;
-    UnpackSums(packed + at, bytes - at, sum_bits, n, lane_bits, lanes.data());
-    return static_cast<const uint8_t*>(lanes.data());
-  });
+  DecodeRuns(cfg, geo, packed, bytes, sum_bits, num_workers, max_norm, total, out, threads);
   return Status::kOk;
 }
 

@@ -110,8 +110,10 @@ struct Kernels {
   void (*pack)(const uint8_t* idx, size_t n, int bits, uint8_t* out);
   // sum of x[i]^2 (binary32 runs summed in binary64); false if any x[i] is not finite.
   bool (*sum_squares)(const float* x, size_t n, double* out);
-  // dequantize: v[i] = float(sums[i]) * m1 + m0, sums in lanes of lane_bits (8/16/32).
-  void (*load_sums)(const void* sums, int lane_bits, size_t n, float m1, float m0, float* v);
+  // dequantize: v[i] = float(S_i) * m1 + m0, i < n, S_i the i-th sum of the stream of `bytes`
+  // bytes at sums, sum_bits (1..32) each, LSB first (8/16/32: lanes; dequantize_impl.h).
+  void (*load_sums)(const uint8_t* sums, int sum_bits, size_t bytes, size_t n, float m1,
+                    float m0, float* v);
   // out[i] = sign_{j0+i} * (w[i] * scale), i < n; j0 a multiple of 32.
   void (*scale_signed)(const float* w, size_t n, uint64_t j0, uint32_t sign_key, float scale,
                        float* out);
@@ -130,14 +132,14 @@ struct Kernels {
   // binary64. A ChunkStatus.
   int (*rotate_chunk)(const float* grad, const float* res, size_t nvalid, size_t n, uint64_t j0,
                       size_t block, uint32_t sign_key, float* y, double* sumsq, int threads);
-  // The whole decode of one chunk: sums (lanes of lane_bits) and out start at the chunk; out
-  // gets nvalid floats; work holds n floats.
+  // The whole decode of one chunk: sums (a stream as load_sums', `bytes` of it readable) and
+  // out start at the chunk; out gets nvalid floats; work holds n floats.
   // encode_chunk, rotate_chunk and decode_chunk take `threads`: a chunk that is one block
   // larger than the transform's leaf runs its transform on that many threads (RunTasks; the
   // same operations on every element, so the same bits); 1, and other chunks, on the caller's.
-  void (*decode_chunk)(const void* sums, int lane_bits, size_t nvalid, size_t n, uint64_t j0,
-                       size_t block, uint32_t sign_key, float m1, float m0, float* work,
-                       float* out, int threads);
+  void (*decode_chunk)(const uint8_t* sums, int sum_bits, size_t bytes, size_t nvalid,
+                       size_t n, uint64_t j0, size_t block, uint32_t sign_key, float m1,
+                       float m0, float* work, float* out, int threads);
   // aggregate: sums[i] += tbl[index i of the b-bit stream], i < n; lanes of lane_bits.
   void (*add_indices)(const uint8_t* payload, size_t n, int bits, const uint32_t* tbl,
                       int lane_bits, void* sums);
@@ -159,7 +161,8 @@ void RunTasks(int threads, size_t tasks, void (*fn)(void* ctx, size_t i), void* 
   uint32_t Quantize(float* y, size_t n, uint64_t j0, const QuantParams& p, uint8_t* idx);     \
   void Pack(const uint8_t* idx, size_t n, int bits, uint8_t* out);                            \
   bool SumSquares(const float* x, size_t n, double* out);                                     \
-  void LoadSums(const void* sums, int lane_bits, size_t n, float m1, float m0, float* v);     \
+  void LoadSums(const uint8_t* sums, int sum_bits, size_t bytes, size_t n, float m1,          \
+                float m0, float* v);                                                          \
   void ScaleSigned(const float* w, size_t n, uint64_t j0, uint32_t sign_key, float scale,     \
                    float* out);                                                               \
   void AddIndices(const uint8_t* payload, size_t n, int bits, const uint32_t* tbl,            \
@@ -170,9 +173,9 @@ void RunTasks(int threads, size_t tasks, void (*fn)(void* ctx, size_t i), void* 
                    int threads);                                                              \
   int RotateChunk(const float* grad, const float* res, size_t nvalid, size_t n, uint64_t j0,  \
                   size_t block, uint32_t sign_key, float* y, double* sumsq, int threads);     \
-  void DecodeChunk(const void* sums, int lane_bits, size_t nvalid, size_t n, uint64_t j0,     \
-                   size_t block, uint32_t sign_key, float m1, float m0, float* work,          \
-                   float* out, int threads);                                                  \
+  void DecodeChunk(const uint8_t* sums, int sum_bits, size_t bytes, size_t nvalid, size_t n,  \
+                   uint64_t j0, size_t block, uint32_t sign_key, float m1, float m0,          \
+                   float* work, float* out, int threads);                                     \
   }
 
 THC_DECLARE_ISA_KERNELS(portable)

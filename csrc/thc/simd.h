@@ -20,9 +20,11 @@
 #define CODEC_SIMD_W THC_W
 #include "common/simd.h"
 
-// GCC 12 warns about the deliberately undefined source vector inside its own gather intrinsics.
+// GCC 12 warns about the deliberately undefined source vector inside its own intrinsics
+// (gathers, AVX-512's unmasked forms).
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 
 namespace thc {

@@ -155,12 +155,8 @@ Status Decode(const Config& cfg, size_t d, const void* sums, int lane_bits, uint
 int SumBits(const Config& cfg, uint32_t num_workers);
 size_t PackedSumsBytes(size_t n, int sum_bits);  // ceil(n * sum_bits / 8)
 // n lanes of lane_bits (8/16/32) -> PackedSumsBytes(n, sum_bits) bytes. Every sum must fit
-// sum_bits (the aggregator's do); false for a bad width.
+// sum_bits (the aggregator's do; bits above are dropped); false for a bad width.
 bool PackSums(const void* lanes, int lane_bits, size_t n, int sum_bits, uint8_t* out);
-// The first n sums of a packed stream of `bytes` bytes -> n lanes of lane_bits; false for a bad
-// width or a stream too short.
-bool UnpackSums(const uint8_t* packed, size_t bytes, int sum_bits, size_t n, int lane_bits,
-                void* lanes);
 // Decode() of the server's packed reply: kBadArgument unless sum_bits == SumBits(cfg, n) and
 // bytes == PackedSumsBytes(d_pad, sum_bits). total: the estimate of the sum of the inputs
 // instead of their mean, n folded into the last scale (docs/ALGORITHM.md, "Decode").

@@ -621,7 +621,8 @@ def test_sum_bits_is_the_width_of_n_times_g(n, g, width):
     assert (n * g) < (1 << width) and (n * g) >= (1 << (width - 1))
 
 
-@pytest.mark.parametrize("n,g", [(2, 30), (3, 30), (9, 30), (2185, 30), (1, 255), (600, 7)])
+@pytest.mark.parametrize("n,g", [(2, 30), (3, 30), (9, 30), (2185, 30), (1, 255), (600, 7),
+                                 (500, 30), (1000, 30)])
 @pytest.mark.parametrize("count", [1, 7, 8, 33, 1000])
 def test_publish_equals_reference_and_round_trips(n, g, count):
     cfg = ThcConfig(bits=3 if g == 7 else 4, granularity=g)
@@ -643,7 +644,10 @@ def test_publish_equals_reference_and_round_trips(n, g, count):
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("d,block", [(1000, None), (40000, None), ((1 << 17) + 5, None),
                                      (1100, 64), (5000, 1024)])
-@pytest.mark.parametrize("n,g", [(2, 30), (3, 30), (9, 30), (3000, 30)])
+# widths 6, 7 (byte lanes), 8 (the stream is the lanes), 9, 14 (the widest a byte shuffle
+# unpacks), 15, 16, 17 (one sum at a time)
+@pytest.mark.parametrize("n,g", [(2, 30), (3, 30), (8, 30), (9, 30), (500, 30), (1000, 30),
+                                 (2000, 30), (3000, 30)])
 def test_decode_published_bit_exact(isa, d, block, n, g):
     assert _C.force_isa(isa)
     cfg = ThcConfig(granularity=g, rotation_block=block)
