@@ -34,6 +34,9 @@ from test_thc_server import check_pipeline
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXAMPLE = os.path.join(ROOT, "example", "tensorflow", "train_digits.py")
+# BYTEPS_THC_FORK_DIR (tests/conftest.py): every process imports byteps from that build
+FORK_DIR = os.path.abspath(os.environ["BYTEPS_THC_FORK_DIR"]) \
+    if os.environ.get("BYTEPS_THC_FORK_DIR") else ""
 MODES = ("eager", "function", "fit")
 
 WORKER = """
@@ -123,7 +126,8 @@ pytestmark = [pytest.mark.needs_tf, pytest.mark.needs_fork("server", "tensorflow
 def run_cluster(worker, args, timeout, launch_args=(), cwd=ROOT):
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
-        [ROOT] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+        [p for p in (FORK_DIR, ROOT) if p] +
+        [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     for k in [k for k in env if k.startswith(("BYTEPS_", "DMLC_"))]:
         env.pop(k)
     env.update({"TF_CPP_MIN_LOG_LEVEL": "2", "KERAS_BACKEND": "tensorflow",
