@@ -357,8 +357,9 @@ def decode_published(cfg: ThcConfig, packed, d: int, num_workers: int, max_norm:
 
 def decode(cfg: ThcConfig, sums, d: int, num_workers: int, max_norm: float,
            total: bool = False) -> np.ndarray:
-    """Every worker's estimate of the mean input from the server's sums; total=True: of the sum
-    of the inputs (n folded into the scale, for BytePS, whose pull yields sums)."""
+    """Every worker's estimate of the mean input from the server's sums (what the BytePS
+    worker's pull of a THC tensor yields); total=True: of the sum of the inputs (n folded into
+    the scale)."""
     geo = geometry(cfg, d)
     if max_norm == 0:
         return np.zeros(d, dtype=F32)

@@ -34,7 +34,10 @@ named after their graph tensor, as upstream does.
 THC reaches BytePS's C++ compressor registry exactly as in PyTorch: each gradient name is
 declared once with the compressor's kwargs (`ThcConfig.to_kwargs()`), and BytePS's worker
 pipeline compresses every partition; nothing of THC's math runs in Python. Tensors smaller than
-BYTEPS_MIN_COMPRESS_BYTES (env.MIN_COMPRESS_BYTES) travel uncompressed.
+BYTEPS_MIN_COMPRESS_BYTES (env.MIN_COMPRESS_BYTES) travel uncompressed. The average (push_pull's
+default, the tape's and the optimizer's) is the fork's op's (its `average` attr): a THC or LHC pull
+yields the mean, which it returns as it is, any other the sum, which it divides by the number of
+workers (integers: floor, as `//`), in the dtype on the wire.
 
 In eager mode the push_pulls of one gradient list run as one tf.function (cached per list of
 names), so all of them are in flight at once, as they are inside a traced train step.

@@ -285,16 +285,18 @@ def _op_name(name: str) -> str:
 
 
 def _push_pull_one(tensor, name: str, compression: Compressor, average: bool):
-    """Declare `name` (first use) and push_pull `tensor` under it; average or sum."""
+    """Declare `name` (first use) and push_pull `tensor` under it; average or sum.
+
+    The op averages (`average` attr) on the wire dtype: a THC or LHC pull yields the mean and
+    others the sum, which only the fork knows once the tensor's context exists (PushPullScale in
+    its thc_stage.h), so the op scales, and an average of a THC tensor costs no pass of its own.
+    """
     tensor = tf.convert_to_tensor(tensor)
     declare(name, compression.kwargs(tensor))
     wire, ctx = compression.compress(tensor)
-    summed = _ops().C_LIB.byteps_push_pull(wire, name=_op_name(name), input_name=name)
-    out = compression.decompress(summed, ctx)
-    if average:
-        n = size()
-        out = out / tf.cast(n, out.dtype) if out.dtype.is_floating else out // n
-    return out
+    reduced = _ops().C_LIB.byteps_push_pull(wire, name=_op_name(name), input_name=name,
+                                            average=bool(average))
+    return compression.decompress(reduced, ctx)
 
 
 _BATCHED: Dict[tuple, object] = {}

@@ -11,7 +11,10 @@ two tensors under one name. The tests read its report:
 - the THC gradients went through the compressor registry (declared with THC's kwargs) under one
   stable name per variable;
 - two tensors under one name with different sizes or dtypes get the clear error naming both,
-  the worker goes on, and no process aborts.
+  the worker goes on, and no process aborts;
+- a THC tensor's average is the reference's decoded mean bit for bit (the op returns the pull's
+  mean as it is) and its sum n times that mean; uncompressed float32, int32 (floor) and fp16
+  tensors average and sum exactly (a cluster of its own, SCALE below).
 
 Skipped, with the reason, when TensorFlow or the fork's TF plugin is not installed (`make test-tf`
 builds the fork with it: BYTEPS_THC_TENSORFLOW=1). The cluster is bounded in time (the launcher's
@@ -24,10 +27,16 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
+
+from test_thc_server import check_pipeline
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXAMPLE = os.path.join(ROOT, "example", "tensorflow", "train_digits.py")
+# BYTEPS_THC_FORK_DIR (tests/conftest.py): every process imports byteps from that build
+FORK_DIR = os.path.abspath(os.environ["BYTEPS_THC_FORK_DIR"]) \
+    if os.environ.get("BYTEPS_THC_FORK_DIR") else ""
 MODES = ("eager", "function", "fit")
 
 WORKER = """
@@ -76,13 +85,49 @@ bps.shutdown()
 """
 
 
+# The op's average attr against the pull's sum or mean (PushPullScale in the fork): THC tensors
+# "thc_avg" and "thc_sum" (declared keys 0 and 1, two partitions, two steps: error feedback and
+# the step carried over), then uncompressed ones checked in the test.
+SCALE = """
+import json, os, sys
+os.environ["BYTEPS_PARTITION_BYTES"] = "1024000"  # 300,000 floats: two partitions
+import numpy as np
+import tensorflow as tf
+import byteps.tensorflow as bps
+
+bps.init()
+rank, size, out = bps.rank(), bps.size(), sys.argv[1]
+thc = bps.Compression.thc()
+for step in range(2):
+    g = np.random.default_rng(1000 * step + rank)
+    x = (g.standard_normal(300_000) * (rank + 1)).astype(np.float32)
+    y = bps.push_pull(tf.constant(x), name="thc_avg", compression=thc, average=True)
+    s = bps.push_pull(tf.constant(x), name="thc_sum", compression=thc, average=False)
+    for name, t in (("x", x), ("y", y.numpy()), ("s", s.numpy())):
+        np.save("%s/%s_%d_%d.npy" % (out, name, rank, step), t)
+got = {}
+v = float(rank + 1)
+for average in (True, False):
+    tag = "avg" if average else "sum"
+    got["f32_" + tag] = bps.push_pull(tf.fill([1000], v), name="f32", average=average).numpy()
+    got["i32_" + tag] = bps.push_pull(tf.constant([rank + 1, -(rank + 1)] * 500, tf.int32),
+                                      name="i32", average=average).numpy()
+    got["fp16_" + tag] = bps.push_pull(tf.fill([40_000], v), name="fp16", average=average,
+                                       compression=bps.Compression.fp16).numpy()
+print("REPORT " + json.dumps(dict(kind="scale", **{k: sorted(set(a.tolist()))
+                                                    for k, a in got.items()})), flush=True)
+bps.shutdown()
+"""
+
+
 pytestmark = [pytest.mark.needs_tf, pytest.mark.needs_fork("server", "tensorflow")]
 
 
 def run_cluster(worker, args, timeout, launch_args=(), cwd=ROOT):
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
-        [ROOT] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+        [p for p in (FORK_DIR, ROOT) if p] +
+        [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     for k in [k for k in env if k.startswith(("BYTEPS_", "DMLC_"))]:
         env.pop(k)
     env.update({"TF_CPP_MIN_LOG_LEVEL": "2", "KERAS_BACKEND": "tensorflow",
@@ -170,3 +215,24 @@ def test_vanilla_error_feedback_gets_the_learning_rate(tmp_path):
     assert code == 0, f"exit {code} after {took:.0f}s\n{out[-4000:]}\n{err[-3000:]}"
     assert "lr.s failed" not in out + err
     assert struct.unpack("d", (tmp_path / "lr.s").read_bytes()[:8])[0] == pytest.approx(0.04)
+
+
+def test_average_and_sum_of_thc_and_uncompressed_tensors(tmp_path):
+    """The op averages itself: a THC pull yields the mean, which the average returns bit for bit
+    (the reference's decode, total=False) and the sum multiplies by n; uncompressed tensors are
+    summed by the server and divided by n (integers: floor, as Python's //)."""
+    worker = tmp_path / "scale.py"
+    worker.write_text(SCALE)
+    code, out, err, took = run_cluster(str(worker), [str(tmp_path)], timeout=300)
+    assert code == 0, f"exit {code} after {took:.0f}s\n{out[-4000:]}\n{err[-3000:]}"
+    n, part = 2, 1024000 // 4
+    f32 = lambda v: v.astype(np.float32)  # noqa: E731
+    check_pipeline(tmp_path, n, 2, 0, "x", "y", part, f32)
+    check_pipeline(tmp_path, n, 2, 1, "x", "s", part, f32, summed=True)
+    total = sum(range(1, n + 1))
+    for w in range(n):
+        r = reports(out)[(w, "scale")]
+        assert r["f32_avg"] == [total / n] and r["f32_sum"] == [total], r
+        assert r["fp16_avg"] == [total / n] and r["fp16_sum"] == [total], r
+        assert r["i32_avg"] == sorted([total // n, -total // n]), r
+        assert r["i32_sum"] == [-total, total], r

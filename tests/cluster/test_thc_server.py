@@ -351,10 +351,12 @@ def _key_seed(seed, key):
     return splitmix64(seed ^ splitmix64(key ^ 0x7468635F6B657921))
 
 
-def _check_pipeline(out, n, steps, declared_key, xin, yout, part_elems, cast, skipped=()):
+def check_pipeline(out, n, steps, declared_key, xin, yout, part_elems, cast, skipped=(),
+                    summed=False):
     """Each partition of each worker's output == the reference's decode of the sum of the codec's
-    encodes with n folded into the scale (total=True, what BytePS's pull yields), bit for bit:
-    per-key seed, rank = the worker's rank, EF and step carried across steps.
+    encodes: the mean (total=False, what a THC pull yields and average=True returns as it is), bit
+    for bit; `summed` (average=False): that mean times n in the output's dtype, the one multiply
+    the worker makes. Per-key seed, rank = the worker's rank, EF and step carried across steps.
     (step, partition) in `skipped`: a NaN there, so every output is NaN and no codec encodes."""
     cfg = ThcConfig()
     codecs = {}
@@ -375,7 +377,9 @@ def _check_pipeline(out, n, steps, declared_key, xin, yout, part_elems, cast, sk
             agg = byteps_thc.ThcAggregator(c, hi - lo, n)
             for r in range(n):
                 agg.add(cs[r].encode(xs[r][lo:hi], m))
-            want = cast(R.decode(c, agg.result(), hi - lo, n, m, total=True))
+            want = cast(R.decode(c, agg.result(), hi - lo, n, m, total=False))
+            if summed:
+                want = want * want.dtype.type(n)
             for r in range(n):
                 got = ys[r][lo:hi]
                 assert got.dtype == want.dtype
@@ -442,7 +446,7 @@ def test_worker_pipeline_nan_step_skipped_without_trace(tmp_path):
     part = (d // 2) // (part_bytes // 4)
     assert "the agreed norm is NaN" in log and "Skipped steps of this key: 1." in log, log[-3000:]
     for key, yout in ((0, "y"), (4, "w")):
-        _check_pipeline(tmp_path, 2, steps, key, "x", yout, part_bytes // 4,
+        check_pipeline(tmp_path, 2, steps, key, "x", yout, part_bytes // 4,
                         lambda v: v.astype(np.float32), skipped={(1, part)})
 
 
@@ -453,14 +457,18 @@ def test_worker_pipeline_bit_exact(n, servers, tmp_path):
     """Real CPU BytePS workers (bpslaunch --local n): the norm round, THC encode with error feedback
     over 3 steps, the server's integer sums and the decode reproduce the codec bit for bit, for
     float32 and float16 tensors split in several partitions (spread over the servers), out of
-    place (the input left as it was) and in place; an uncompressed tensor still works."""
+    place (the input left as it was) and in place, averaged (the pull's mean as it is) and summed
+    (n times it); uncompressed tensors, and a THC one below BYTEPS_MIN_COMPRESS_BYTES, still
+    average and sum exactly (worker_pipeline.py checks them)."""
     part_bytes, steps, d = 1024000, 3, 600_000
     rc, log = _run_local(n, tmp_path, steps, d, part_bytes, servers=servers)
     assert rc == 0, log[-4000:]
     assert "THC key 0 registered" in log and "THC key 1 registered" in log
-    _check_pipeline(tmp_path, n, steps, 0, "x", "y", part_bytes // 4,
+    check_pipeline(tmp_path, n, steps, 0, "x", "y", part_bytes // 4,
                     lambda v: v.astype(np.float32))
-    _check_pipeline(tmp_path, n, steps, 1, "h", "z", part_bytes // 2,
+    check_pipeline(tmp_path, n, steps, 1, "h", "z", part_bytes // 2,
                     lambda v: v.astype(np.float16))
-    _check_pipeline(tmp_path, n, steps, 4, "x", "w", part_bytes // 4,
+    check_pipeline(tmp_path, n, steps, 4, "x", "w", part_bytes // 4,
                     lambda v: v.astype(np.float32))
+    check_pipeline(tmp_path, n, steps, 5, "x", "s", part_bytes // 4,
+                    lambda v: v.astype(np.float32), summed=True)

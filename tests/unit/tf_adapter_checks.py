@@ -6,7 +6,8 @@ REPORT, {"check": name, "error": null or the traceback}, as soon as it has run. 
 every check ran, whatever their outcome.
 
 No BytePS build: a stand-in for byteps.tensorflow.ops answers push_pull with 2 x the tensor, as
-two workers holding the same tensors would sum. The checks share one process (TensorFlow and Keras
+two workers holding the same tensors would sum, and with the tensor for average=True (the fork's
+op averages itself). The checks share one process (TensorFlow and Keras
 start once), the stand-in's records and the Keras model; Keras numbers layer names per process
 (dense, dense_1, ...), so the checks run in this order.
 """
@@ -31,9 +32,9 @@ calls, declared = [], []
 class FakeOps:
     class C_LIB:
         @staticmethod
-        def byteps_push_pull(tensor, name=None, input_name=None):
+        def byteps_push_pull(tensor, name=None, input_name=None, average=False):
             calls.append(input_name)
-            return tensor * tf.cast(2, tensor.dtype)
+            return tensor if average else tensor * tf.cast(2, tensor.dtype)
 
     class TF_LIB_CTYPES:
         @staticmethod

@@ -9,10 +9,12 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <numeric>
 #include <sstream>
 #include <thread>
 
 #include "compressor/compressor.h"
+#include "compressor/impl/lhc_wire.h"
 #include "compressor/impl/max_round.h"
 #include "compressor/impl/thc_wire.h"
 #include "cpu_only.h"
@@ -232,6 +234,23 @@ bool RunThcNormLoopOnce() {
 bool ThcUsesNormRound(const BPSContext& context) {
   if (context.compressor_list.empty()) return false;
   return dynamic_cast<compressor::MaxRound*>(context.compressor_list[0].get()) != nullptr;
+}
+
+bool PullYieldsMean(const BPSContext& context) {
+  return BytePSGlobal::IsDistributed() &&
+         (tw::IsThcKwargs(context.kwargs) || compressor::lhcwire::IsLhcKwargs(context.kwargs));
+}
+
+PullScale PushPullScale(const BPSContext& context, bool average) {
+  // pulled = sum / m; the caller wants sum / size (average) or the sum. Every worker machine
+  // holds the same number of ranks, so m divides size: one of the two factors is 1.
+  const int m = PullYieldsMean(context) ? BytePSGlobal::GetNumWorker() : 1;
+  const int want = average ? BytePSGlobal::GetSize() : 1;
+  const int g = std::gcd(m, want);
+  PullScale s;
+  s.multiply = m / g;
+  s.divide = want / g;
+  return s;
 }
 
 void ThcAddStages(const BPSContext& context, const Tensor* input, const Tensor* output,

@@ -26,6 +26,25 @@ namespace common {
 // True when the tensor's partitions are compressed with THC.
 bool ThcUsesNormRound(const BPSContext& context);
 
+// True when the tensor's pull yields the mean over the workers (DMLC_NUM_WORKER of them), false
+// when it yields their sum. The mean for THC and LHC tensors: their decode's last scale carries
+// the 1/n, so an average costs no pass of its own. The sum for uncompressed tensors, tensors below
+// BYTEPS_MIN_COMPRESS_BYTES (InitTensor clears their kwargs) and BytePS's own compressors, and in
+// a job that is not distributed (no push, no pull). Decided by the kwargs, not by the compressors:
+// only the root device builds compressors, and every local rank of a machine must agree. Valid
+// once InitTensor has run.
+bool PullYieldsMean(const BPSContext& context);
+
+// What a framework's push_pull does to the pulled result to give its caller what it asked for:
+// the average over all byteps_size() ranks, or (average false) their sum. The result is the
+// pulled one times `multiply`, divided by `divide`; both 1: nothing to do, no pass over it.
+struct PullScale {
+  int multiply = 1;
+  int divide = 1;
+  bool identity() const { return multiply == 1 && divide == 1; }
+};
+PullScale PushPullScale(const BPSContext& context, bool average);
+
 // Inserts THC_NORM before COMPRESS in a THC tensor's queue list, and on a CPU-only worker
 // (push_pull: input and output given) takes out COPYD2H and COPYH2D. No-op for other tensors.
 void ThcAddStages(const BPSContext& context, const Tensor* input, const Tensor* output,

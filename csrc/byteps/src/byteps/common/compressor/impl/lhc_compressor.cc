@@ -164,11 +164,7 @@ tensor_t LhcCompressor::Decompress(tensor_t compressed) {
     error_ = std::string("decode failed: ") + lhc::StatusText(st) + (err.empty() ? "" : ": ") + err;
     return none;
   }
-  // The decoded mean, times n: BytePS's pull yields sums (average=True divides by n). For n a
-  // power of two this is the float32 of the exact integer sum, and the average gives back the
-  // decoded mean bit for bit.
-  const float n = static_cast<float>(h.num_workers);
-  for (size_t i = 0; i < d_; ++i) out[i] = out[i] * n;
+  // The decoded mean: the pull of an LHC tensor yields the mean (PullYieldsMean, thc_stage.h).
   return {compressed.data, d_ * 4, compressed.dtype};
 }
 
@@ -196,17 +192,15 @@ std::string LhcCompressor::CompleteFallback(size_t bytes) {
        << k << " unresolved indices and " << fb_n_ << " workers expected";
     return os.str();
   }
-  // Decode's value rule: float32(double(int32 sum) * 2^-e / n), then times n as Decompress.
+  // Decode's value rule: float32(double(int32 sum) * 2^-e / n), the mean as Decompress yields.
   const int e = lhc::ScaleExponent(max_abs_, fb_n_);
   const double scale = std::ldexp(1.0, -e);
-  const float n = static_cast<float>(fb_n_);
   const char* sums = fb_reply_.data() + sizeof(h);
   for (size_t t = 0; t < k; ++t) {
     int32_t x;
     std::memcpy(&x, sums + 4 * t, 4);
     fb_out_[fb_idx_[t]] = static_cast<float>(static_cast<double>(x) * scale / fb_n_);
   }
-  for (size_t i = 0; i < d_; ++i) fb_out_[i] = fb_out_[i] * n;
   return "";
 }
 

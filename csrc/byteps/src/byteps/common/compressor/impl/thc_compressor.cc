@@ -182,13 +182,14 @@ tensor_t ThcCompressor::Decompress(tensor_t compressed) {
     }
   }
   if (!error_.empty()) return none;
-  // The decoded sum (n times the mean, n folded into the decode's scale): BytePS's pull yields
-  // sums (average=True divides by n).
+  // The decoded mean: the decode's last scale carries the 1/n, so the pull of a THC tensor
+  // yields the mean and a push_pull's average costs no pass of its own (PullYieldsMean,
+  // thc_stage.h; a sum multiplies by n).
   float* out = _dtype == BYTEPS_FLOAT32 ? reinterpret_cast<float*>(compressed.data)
                                         : scratch_.data();
   auto st = thc::DecodePacked(cfg_, d_, reinterpret_cast<const uint8_t*>(recv_.data()) + sizeof(h),
                               h.payload_bytes, static_cast<int>(h.lane_bits), h.num_workers,
-                              max_norm_, out, /*total=*/true, settings_.codec_threads);
+                              max_norm_, out, /*total=*/false, settings_.codec_threads);
   if (st != thc::Status::kOk) {
     error_ = std::string("decode failed: ") + thc::StatusText(st);
     return none;
