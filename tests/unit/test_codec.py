@@ -15,9 +15,7 @@ from byteps_thc import reference as R
 
 pytest.importorskip("byteps_thc._C")
 
-
-def bits_of(a):
-    return np.asarray(a, dtype=np.float32).view(np.uint32)
+from test_kernels import bits_of  # the float32 bit view
 
 
 def run_round(cfg, grads, codecs=None):

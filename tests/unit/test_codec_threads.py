@@ -16,20 +16,11 @@ from byteps_thc.config import ThcConfig
 
 _C = pytest.importorskip("byteps_thc._C")
 
-from test_kernels import ISAS  # noqa: E402  (the ISAs this host can force, once)
+# the ISAs this host can force (found once), the fixture that restores the ISA after each test,
+# and the float32 bit view
+from test_kernels import ISAS, _restore_isa, bits_of  # noqa: E402, F401
 
 THREADS = (2, 3, 8)
-
-
-@pytest.fixture(autouse=True)
-def _restore_isa():
-    orig = _C.active_isa()
-    yield
-    _C.force_isa(orig)
-
-
-def bits_of(a):
-    return np.asarray(a, dtype=np.float32).view(np.uint32)
 
 
 def _inputs(d, steps, seed):
