@@ -16,6 +16,10 @@ and the whole partition), prints the median time per coordinate of
     publish    the server's reply: n=4 workers' lanes packed in ceil(log2(n*g + 1)) = 7 bits each
     decode_packed  a BytePS worker's decode: that packed reply, n folded into the scale
                (total=True), into a preallocated output
+    transform  the in-place Walsh-Hadamard transform alone of the partition's d_pad floats in its
+               rotation blocks (zeros: SIMD adds take the same time for any value but
+               subnormals), the floor under the decode and the encode (partitions with a smaller
+               tail block leave the tail out)
 
 and each as a ratio to memcpy, with one thread and with all threads (independent partitions in
 parallel threads, as BytePS compresses partitions in parallel; the GIL is released in the
@@ -28,8 +32,7 @@ Two memory states (--memory): `hot` works on one partition over and over, so at 
 data stay in the last-level cache; `cold` cycles through enough partitions (--working-set) that
 every call reads and writes DRAM, as a training step does (a model's gradients are far larger
 than the cache). The spec's yardstick, a transform of 2^20 floats at about 2.2x a memcpy, is a
-cold memcpy: on this host a hot 4 MiB memcpy takes 0.08 ns a coordinate from L3, a cold one
-0.3-0.35, and the in-place transform of 2^20 floats (whole block) 0.52.
+cold memcpy; the transform op measures ours (docs/RESULTS.md has the figures).
 
     python benchmarks/bench_codec.py                      # 2^16, 2^20, 2^24; every ISA
     python benchmarks/bench_codec.py --sizes 20 --isa avx512 --json out.json
@@ -83,6 +86,8 @@ class Partition:
         self.out = np.empty(d, dtype=np.float32)
         self.core = self.codec._core
         self.packed = _C.publish(self.core, WORKERS, self.sums)
+        self.block = self.codec.block
+        self.rotated = np.zeros(self.codec.padded // self.block * self.block, dtype=np.float32)
 
     def memcpy(self):
         np.copyto(self.copy_dst, self.x)
@@ -112,6 +117,9 @@ class Partition:
     def decode_packed(self):
         _C.decode_published(self.core, self.codec.size, self.packed, WORKERS, self.max_norm,
                             total=True, threads=self.codec.threads, out=self.out)
+
+    def transform(self):
+        _C._time_fwht(self.rotated, self.block, 1)
 
     def aggregate(self):
         if self.agg.count == WORKERS:
