@@ -3,7 +3,9 @@
     .venv/bin/python benchmarks/bench_tiling.py [--size 589824]
 
 The NumPy reference (byteps_thc.reference), no error feedback, the seeds of
-tests/unit/test_reference.py; docs/RESULTS.md ("Tiled partitions") has the figures. Also prints
+tests/unit/test_reference.py; docs/RESULTS.md ("Tiled partitions") has the figures. Inputs:
+standard normal, lognormal(0, 1), and `last-tile`: normal in the default layout's last, smaller
+block and zeros before it (all of a partition's energy in one tile). Also prints
 the coordinates THC sends per compressed coordinate of ResNet-50, VGG-16 and BERT-base.
 """
 from __future__ import annotations
@@ -17,9 +19,22 @@ from byteps_thc.advisor import models, wire
 from byteps_thc.config import ThcConfig, next_pow2
 
 
+def last_tile(d):
+    """Where the default layout's last, smaller block starts (d when it has none)."""
+    geo = R.geometry(ThcConfig(), d)
+    return geo.padded - geo.tail_block if geo.tail_block else d
+
+
 def one_round_nmse(cfg, d, n, dist, seed):
     rng = np.random.default_rng(seed)
-    draw = {"normal": lambda: rng.standard_normal(d), "lognormal": lambda: rng.lognormal(0, 1, d)}
+
+    def in_last_tile():  # all the energy in the default layout's last block, zeros before it
+        g = np.zeros(d)
+        g[last_tile(d):] = rng.standard_normal(d - last_tile(d))
+        return g
+
+    draw = {"normal": lambda: rng.standard_normal(d), "lognormal": lambda: rng.lognormal(0, 1, d),
+            "last-tile": in_last_tile}
     gs = [draw[dist]().astype(np.float32) for _ in range(n)]
     mean = np.mean(np.stack(gs).astype(np.float64), axis=0)
     est, _ = R.simulate_round(cfg, gs)
@@ -39,7 +54,7 @@ def main(argv=None) -> int:
     layouts = [("one block", ThcConfig(error_feedback=False, rotation_block=1 << 32)),
                ("tiled", ThcConfig(error_feedback=False)),
                ("1024-blocks", ThcConfig(error_feedback=False, rotation_block=1024))]
-    for dist in ("normal", "lognormal"):
+    for dist in ("normal", "lognormal") + (("last-tile",) if last_tile(d) < d else ()):
         for name, cfg in layouts:
             geo = R.geometry(cfg, d)
             nmse = [one_round_nmse(cfg, d, n, dist, 200 + n) for n in (1, 2, 4, 8)]
