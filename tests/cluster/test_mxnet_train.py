@@ -10,16 +10,22 @@ that variable (the environment's fork may be older than .venv's) or without the 
 - two tensors under one name with different sizes get the clear error, not an abort;
 - workers that declare THC with different `bits` (tests/cluster/scripts/mxnet_failures.py): a
   push_pull and DistributedTrainer.step raise mxnet.base.MXNetError naming the refusal and both
-  settings; the script catches it, an uncompressed push_pull still works, and both exit 0.
+  settings; the script catches it, an uncompressed push_pull still works, and both exit 0;
+- a THC push_pull with is_average=True is the reference's decoded mean bit for bit, and with
+  is_average=False n times that mean; uncompressed float32 averages and sums exactly, under a
+  name push-pulled without a declaration (tests/cluster/scripts/mxnet_scale.py).
 """
+import json
 import os
 import re
 import subprocess
 import textwrap
 
+import numpy as np
 import pytest
 
 from byteps_thc.launch.supervisor import kill_groups
+from test_thc_server import check_pipeline
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MXPY = os.environ.get("BYTEPS_THC_MXNET_PYTHON", os.path.join(ROOT, ".cache", "venv-mxnet", "bin",
@@ -122,3 +128,21 @@ def test_mismatched_bits_raise_mxnet_error(tmp_path):
     assert "rank 0: after [2.0, 2.0, 2.0, 2.0]" in out and "rank 1: after [2.0, 2.0, 2.0, 2.0]" \
         in out, log[-3000:]
     assert "Check failed" not in log and "SIGABRT" not in log
+
+
+def test_average_and_sum_of_thc_and_uncompressed_tensors(tmp_path):
+    """The MXNet plugin scales as the fork's PushPullScale says: a THC pull yields the mean, which
+    is_average=True returns as it is and is_average=False multiplies by n; an uncompressed pull
+    yields the sum, which is_average=True divides by n."""
+    code, out, err = launch([MXPY, os.path.join(SCRIPTS, "mxnet_scale.py"), str(tmp_path)])
+    assert code == 0, out[-4000:] + err[-3000:]
+    n, part = 2, 1024000 // 4
+    f32 = lambda v: v.astype(np.float32)  # noqa: E731
+    check_pipeline(tmp_path, n, 2, 0, "x", "y", part, f32)
+    check_pipeline(tmp_path, n, 2, 1, "x", "s", part, f32, summed=True)
+    reps = [json.loads(line.split("REPORT ", 1)[1]) for line in out.splitlines()
+            if "REPORT " in line]
+    assert len(reps) == n, out[-3000:]
+    total = sum(range(1, n + 1))
+    for r in reps:
+        assert r == {"f32_avg": [total / n], "f32_sum": [total]}, r
