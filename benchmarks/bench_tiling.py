@@ -29,8 +29,8 @@ def one_round_nmse(cfg, d, n, dist, seed):
     rng = np.random.default_rng(seed)
 
     def in_last_tile():  # all the energy in the default layout's last block, zeros before it
-        g = np.zeros(d)
-        g[last_tile(d):] = rng.standard_normal(d - last_tile(d))
+        g, lo = np.zeros(d), last_tile(d)
+        g[lo:] = rng.standard_normal(d - lo)
         return g
 
     draw = {"normal": lambda: rng.standard_normal(d), "lognormal": lambda: rng.lognormal(0, 1, d),
