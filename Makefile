@@ -33,8 +33,8 @@ $(EXT): $(VENV) setup.py $(shell find csrc/thc csrc/lhc csrc/common csrc/python 
 	$(PY) setup.py -q build_ext --inplace
 	@touch $@
 
-# Lint: ruff (pyproject.toml) on the Python; clang-format (.clang-format) on our C++, less the
-# files listed in .clang-format-ignore (not formatted yet). Both are pinned in requirements.txt.
+# Lint: ruff (pyproject.toml) on the Python; clang-format (.clang-format) on all our C++. Both are
+# pinned in requirements.txt.
 CXX_SOURCES = $(shell find csrc tests -type f \( -name '*.h' -o -name '*.cc' -o -name '*.cu' \
                       -o -name '*.cuh' \) | sort)
 lint: $(VENV)

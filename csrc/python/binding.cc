@@ -17,9 +17,9 @@
 #include <cmath>
 #include <cstring>
 #include <memory>
-#include <vector>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "lhc/lhc.h"
 #include "thc/thc.h"
@@ -163,9 +163,9 @@ class PyEncoder {
   py::array_t<uint8_t> Encode(const py::handle& x, double max_norm, const py::handle& out_obj) {
     auto a = Vector<float>(x, "x", enc_->geometry().d, true);
     CheckMaxNorm(max_norm);
-    py::array_t<uint8_t> out = out_obj.is_none()
-        ? py::array_t<uint8_t>(enc_->geometry().payload_bytes)
-        : Vector<uint8_t>(out_obj, "out", enc_->geometry().payload_bytes, true);
+    py::array_t<uint8_t> out =
+        out_obj.is_none() ? py::array_t<uint8_t>(enc_->geometry().payload_bytes)
+                          : Vector<uint8_t>(out_obj, "out", enc_->geometry().payload_bytes, true);
     if (!out.writeable()) Fail("out must be writeable");
     thc::Status st;
     {
@@ -262,8 +262,8 @@ py::array_t<float> DecodePy(const thc::Config& cfg, size_t d, const py::handle& 
     m << "sums have " << a.size() << " elements, expected the padded size " << geo.padded;
     Fail(m.str());
   }
-  py::array_t<float> out = out_obj.is_none() ? py::array_t<float>(d)
-                                             : Vector<float>(out_obj, "out", d, true);
+  py::array_t<float> out =
+      out_obj.is_none() ? py::array_t<float>(d) : Vector<float>(out_obj, "out", d, true);
   if (!out.writeable()) Fail("out must be writeable");
   thc::Status st;
   {
@@ -309,8 +309,8 @@ py::array_t<uint8_t> PublishPy(const thc::Config& cfg, uint32_t num_workers,
 }
 
 py::array_t<float> DecodePublishedPy(const thc::Config& cfg, size_t d, const py::handle& packed,
-                                     uint32_t num_workers, double max_norm, bool total,
-                                     int threads, const py::handle& out_obj) {
+                                     uint32_t num_workers, double max_norm, bool total, int threads,
+                                     const py::handle& out_obj) {
   CheckSize(d);
   CheckThreads(threads);
   CheckMaxNorm(max_norm);
@@ -324,8 +324,8 @@ py::array_t<float> DecodePublishedPy(const thc::Config& cfg, size_t d, const py:
       << " sums of " << w << " bits)";
     Fail(m.str());
   }
-  py::array_t<float> out = out_obj.is_none() ? py::array_t<float>(d)
-                                             : Vector<float>(out_obj, "out", d, true);
+  py::array_t<float> out =
+      out_obj.is_none() ? py::array_t<float>(d) : Vector<float>(out_obj, "out", d, true);
   if (!out.writeable()) Fail("out must be writeable");
   thc::Status st;
   {
@@ -414,7 +414,8 @@ PYBIND11_MODULE(_C, m) {
         for (int r = 0; r < reps; ++r) {
           const auto t0 = std::chrono::steady_clock::now();
           thc::Fwht(p, n, block);
-          ts.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+          ts.push_back(
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
         }
         std::sort(ts.begin(), ts.end());
         return ts.empty() ? 0.0 : ts[ts.size() / 2];
@@ -456,13 +457,12 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("geometry",
                              [](PyAggregator& a) { return GeometryDict(a.core().geometry()); });
 
-  m.def("decode", &DecodePy, py::arg("cfg"), py::arg("d"), py::arg("sums"),
-        py::arg("num_workers"), py::arg("max_norm"), py::arg("out") = py::none(),
-        py::arg("threads") = 1);
+  m.def("decode", &DecodePy, py::arg("cfg"), py::arg("d"), py::arg("sums"), py::arg("num_workers"),
+        py::arg("max_norm"), py::arg("out") = py::none(), py::arg("threads") = 1);
   m.def("sum_bits", &SumBitsChecked, py::arg("cfg"), py::arg("num_workers"));
   m.def("publish", &PublishPy, py::arg("cfg"), py::arg("num_workers"), py::arg("sums"));
-  m.def("decode_published", &DecodePublishedPy, py::arg("cfg"), py::arg("d"),
-        py::arg("packed"), py::arg("num_workers"), py::arg("max_norm"), py::arg("total") = false,
+  m.def("decode_published", &DecodePublishedPy, py::arg("cfg"), py::arg("d"), py::arg("packed"),
+        py::arg("num_workers"), py::arg("max_norm"), py::arg("total") = false,
         py::arg("threads") = 1, py::arg("out") = py::none());
   m.def("active_isa", &thc::ActiveIsa);
   m.def(

@@ -46,8 +46,8 @@ Code MakeCode(int bits, uint32_t granularity, double clip, uint64_t seed, uint64
   code.rotation_block = rotation_block;
   if (bits < 1 || bits > 8) Raise("thc.cuda: bits=" + std::to_string(bits) + " must be in 1..8");
   if (table.size() != (size_t{1} << bits))
-    Raise("thc.cuda: table has " + std::to_string(table.size()) + " levels; bits=" +
-          std::to_string(bits) + " needs " + std::to_string(1 << bits));
+    Raise("thc.cuda: table has " + std::to_string(table.size()) +
+          " levels; bits=" + std::to_string(bits) + " needs " + std::to_string(1 << bits));
   for (size_t i = 0; i < table.size(); ++i) code.table[i] = table[i];
   Raise(ValidateCode(code));
   return code;
@@ -77,7 +77,8 @@ void RegisterCuda(py::module_& parent) {
           t += (t.empty() ? "" : "; ") + std::string(where) + ": " + thc::StatusText(st);
         };
         if (flags & kStatusNonFiniteInput) add("gradient", thc::Status::kNonFinite);
-        if (flags & kStatusNonFiniteNorm) add("max_norm (or it is negative)", thc::Status::kNonFinite);
+        if (flags & kStatusNonFiniteNorm)
+          add("max_norm (or it is negative)", thc::Status::kNonFinite);
         if ((flags & kStatusOverflow) && !(flags & kStatusNonFiniteInput))
           add("rotation", thc::Status::kOverflow);
         return t.empty() && flags ? "status " + std::to_string(flags) : t;
@@ -103,8 +104,7 @@ void RegisterCuda(py::module_& parent) {
                         cfg.table, fused_max_log, column_max_bits, chunk_log);
       },
       py::arg("config"), py::arg("fused_max_log") = 14, py::arg("column_max_bits") = 11,
-      py::arg("chunk_log") = 22,
-      "the device code of a core Config (byteps_thc._C.Config)");
+      py::arg("chunk_log") = 22, "the device code of a core Config (byteps_thc._C.Config)");
 
   m.def("device_count", &DeviceCount, "CUDA devices seen (0 without a driver or a GPU)");
   m.def("device_name", &DeviceName, py::arg("device"));
@@ -140,8 +140,8 @@ void RegisterCuda(py::module_& parent) {
 
   m.def(
       "encode",
-      [](const Code& code, uintptr_t grad, int dtype, uintptr_t residual, uint64_t d,
-         uint32_t rank, uint64_t step, double max_norm, uintptr_t max_norm_ptr, uintptr_t payload,
+      [](const Code& code, uintptr_t grad, int dtype, uintptr_t residual, uint64_t d, uint32_t rank,
+         uint64_t step, double max_norm, uintptr_t max_norm_ptr, uintptr_t payload,
          uintptr_t workspace, uintptr_t status, uintptr_t stream) {
         EncodeArgs a;
         a.grad = Ptr<const void>(grad);

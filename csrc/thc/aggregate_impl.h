@@ -18,7 +18,10 @@ constexpr size_t kUnpack = 1024;  // indices unpacked at a time by the generic p
 
 // idx[0, n) from the stream at bit offset 0 of `in` (n a multiple of 8 except at the very end).
 void Unpack(const uint8_t* in, size_t n, int bits, uint8_t* idx) {
-  if (bits == 8) { std::memcpy(idx, in, n); return; }
+  if (bits == 8) {
+    std::memcpy(idx, in, n);
+    return;
+  }
   size_t i = 0;
   size_t o = 0;
 #if defined(__BMI2__)
@@ -35,7 +38,10 @@ void Unpack(const uint8_t* in, size_t n, int bits, uint8_t* idx) {
   int nb = 0;
   const uint32_t m = (1u << bits) - 1;
   for (; i < n; ++i) {
-    while (nb < bits) { acc |= (uint64_t)in[o++] << nb; nb += 8; }
+    while (nb < bits) {
+      acc |= (uint64_t)in[o++] << nb;
+      nb += 8;
+    }
     idx[i] = (uint8_t)(acc & m);
     acc >>= bits;
     nb -= bits;
@@ -78,7 +84,10 @@ inline void Interleave8(__m512i a, __m512i b, __m512i* o0, __m512i* o1) {
 template <int kLane>
 size_t AddNibbles(const uint8_t* payload, size_t n, const uint32_t* tbl, void* sums) {
   alignas(16) uint8_t lo_t[16], hi_t[16];
-  for (int i = 0; i < 16; ++i) { lo_t[i] = (uint8_t)tbl[i]; hi_t[i] = (uint8_t)(tbl[i] >> 8); }
+  for (int i = 0; i < 16; ++i) {
+    lo_t[i] = (uint8_t)tbl[i];
+    hi_t[i] = (uint8_t)(tbl[i] >> 8);
+  }
   const __m512i tl = _mm512_broadcast_i32x4(_mm_load_si128((const __m128i*)lo_t));
   const __m512i th = _mm512_broadcast_i32x4(_mm_load_si128((const __m128i*)hi_t));
   const __m512i nib = _mm512_set1_epi8(0x0F);
@@ -119,7 +128,10 @@ inline void Interleave8(__m256i a, __m256i b, __m256i* o0, __m256i* o1) {
 template <int kLane>
 size_t AddNibbles(const uint8_t* payload, size_t n, const uint32_t* tbl, void* sums) {
   alignas(16) uint8_t lo_t[16], hi_t[16];
-  for (int i = 0; i < 16; ++i) { lo_t[i] = (uint8_t)tbl[i]; hi_t[i] = (uint8_t)(tbl[i] >> 8); }
+  for (int i = 0; i < 16; ++i) {
+    lo_t[i] = (uint8_t)tbl[i];
+    hi_t[i] = (uint8_t)(tbl[i] >> 8);
+  }
   const __m256i tl = _mm256_broadcastsi128_si256(_mm_load_si128((const __m128i*)lo_t));
   const __m256i th = _mm256_broadcastsi128_si256(_mm_load_si128((const __m128i*)hi_t));
   const __m256i nib = _mm256_set1_epi8(0x0F);
@@ -133,8 +145,8 @@ size_t AddNibbles(const uint8_t* payload, size_t n, const uint32_t* tbl, void* s
     if constexpr (kLane == 8) {
       __m256i* s = (__m256i*)(static_cast<uint8_t*>(sums) + i);
       _mm256_storeu_si256(s, _mm256_add_epi8(_mm256_loadu_si256(s), _mm256_shuffle_epi8(tl, q0)));
-      _mm256_storeu_si256(s + 1, _mm256_add_epi8(_mm256_loadu_si256(s + 1),
-                                                 _mm256_shuffle_epi8(tl, q1)));
+      _mm256_storeu_si256(s + 1,
+                          _mm256_add_epi8(_mm256_loadu_si256(s + 1), _mm256_shuffle_epi8(tl, q1)));
     } else {
       uint16_t* s = static_cast<uint16_t*>(sums) + i;
       const __m256i qs[2] = {q0, q1};

@@ -56,8 +56,8 @@ Status Aggregator::Add(const uint8_t* payload, size_t bytes, std::string* error)
   }
   if (bytes != m.geo.payload_bytes) {
     std::ostringstream s;
-    s << "payload has " << bytes << " bytes, expected " << m.geo.payload_bytes << " (d="
-      << m.geo.d << ", padded=" << m.geo.padded << ", bits=" << m.cfg.bits << ")";
+    s << "payload has " << bytes << " bytes, expected " << m.geo.payload_bytes << " (d=" << m.geo.d
+      << ", padded=" << m.geo.padded << ", bits=" << m.cfg.bits << ")";
     return fail(s.str());
   }
   if (m.count >= m.num_workers) {
@@ -66,8 +66,8 @@ Status Aggregator::Add(const uint8_t* payload, size_t bytes, std::string* error)
       << "; call reset() before the next round";
     return fail(s.str());
   }
-  detail::ActiveKernels().add_indices(payload, m.geo.padded, m.cfg.bits, m.tbl.data(),
-                                      m.lane_bits, m.sums.data());
+  detail::ActiveKernels().add_indices(payload, m.geo.padded, m.cfg.bits, m.tbl.data(), m.lane_bits,
+                                      m.sums.data());
   ++m.count;
   return Status::kOk;
 }

@@ -36,8 +36,8 @@ std::string Validate(const Config& cfg) {
   }
   const uint32_t levels = 1u << cfg.bits;
   if (cfg.granularity < levels - 1 || cfg.granularity > kMaxGranularity) {
-    m << "granularity must be in " << (levels - 1) << ".." << kMaxGranularity << " for bits="
-      << cfg.bits << ", got " << cfg.granularity;
+    m << "granularity must be in " << (levels - 1) << ".." << kMaxGranularity
+      << " for bits=" << cfg.bits << ", got " << cfg.granularity;
     return m.str();
   }
   if (!std::isfinite(cfg.clip) || !(cfg.clip > 0)) {
@@ -45,7 +45,8 @@ std::string Validate(const Config& cfg) {
     return m.str();
   }
   if (cfg.rotation_block != 0 && !IsPow2(cfg.rotation_block)) {
-    m << "rotation_block must be 0 (the default per partition) or a power of two, got " << cfg.rotation_block;
+    m << "rotation_block must be 0 (the default per partition) or a power of two, got "
+      << cfg.rotation_block;
     return m.str();
   }
   if (cfg.rotation_block > kMaxRotationBlock) {

@@ -56,8 +56,8 @@ void DecodeRuns(const Config& cfg, const Geometry& geo, const uint8_t* sums, siz
     thread_local detail::AlignedArray<float> scratch;
     if (scratch.size() < std::min(chunk, geo.padded)) scratch.resize(std::min(chunk, geo.padded));
     const size_t at = j0 * (size_t)sum_bits / 8;  // j0 is a multiple of 8: a whole byte
-    k.decode_chunk(sums + at, sum_bits, bytes - at, nvalid, n, j0, runs[r].block, key, m1[r],
-                   m0[r], scratch.data(), out + j0, inner);
+    k.decode_chunk(sums + at, sum_bits, bytes - at, nvalid, n, j0, runs[r].block, key, m1[r], m0[r],
+                   scratch.data(), out + j0, inner);
   });
 }
 
@@ -66,8 +66,7 @@ void DecodeRuns(const Config& cfg, const Geometry& geo, const uint8_t* sums, siz
 Status Decode(const Config& cfg, size_t d, const void* sums, int lane_bits, uint32_t num_workers,
               double max_norm, float* out, int threads) {
   if (!std::isfinite(max_norm)) return Status::kNonFinite;
-  if (max_norm < 0 || num_workers == 0 ||
-      (lane_bits != 8 && lane_bits != 16 && lane_bits != 32))
+  if (max_norm < 0 || num_workers == 0 || (lane_bits != 8 && lane_bits != 16 && lane_bits != 32))
     return Status::kBadArgument;
   if (max_norm == 0) {
     std::fill(out, out + d, 0.0f);
@@ -79,13 +78,11 @@ Status Decode(const Config& cfg, size_t d, const void* sums, int lane_bits, uint
   return Status::kOk;
 }
 
-Status DecodePacked(const Config& cfg, size_t d, const uint8_t* packed, size_t bytes,
-                    int sum_bits, uint32_t num_workers, double max_norm, float* out, bool total,
-                    int threads) {
+Status DecodePacked(const Config& cfg, size_t d, const uint8_t* packed, size_t bytes, int sum_bits,
+                    uint32_t num_workers, double max_norm, float* out, bool total, int threads) {
   if (!std::isfinite(max_norm)) return Status::kNonFinite;
   const int lane_bits = LaneBits(cfg, num_workers);
-  if (max_norm < 0 || num_workers == 0 || lane_bits == 0 ||
-      sum_bits != SumBits(cfg, num_workers))
+  if (max_norm < 0 || num_workers == 0 || lane_bits == 0 || sum_bits != SumBits(cfg, num_workers))
     return Status::kBadArgument;
   const Geometry geo = MakeGeometry(cfg, d);
   if (bytes != PackedSumsBytes(geo.padded, sum_bits)) return Status::kBadArgument;

@@ -215,8 +215,8 @@ void DecodePipeline(Src src, size_t nvalid, size_t n, uint64_t j0, size_t block,
                     float* work, float* out, int threads) {
   SignedSink sink{out, nvalid, ChunkSignWords(key, j0, n)};
   if (threads > 1 && n == block && block > kLeaf) {
-    BlockToThreads<true>(work, 0, block, [&](size_t) { return src; },
-                         [&](size_t) { return sink; }, threads);
+    BlockToThreads<true>(
+        work, 0, block, [&](size_t) { return src; }, [&](size_t) { return sink; }, threads);
     return;
   }
   for (size_t b = 0; b < n; b += block) BlockTo<true>(work, b, block, src, sink);

@@ -12,11 +12,10 @@ namespace thc {
 namespace detail {
 namespace {
 
-#define THC_KERNEL_TABLE(ns)                                                        \
-  Kernels {                                                                         \
-    #ns, ns::Fwht, ns::Quantize, ns::Pack, ns::SumSquares, ns::LoadSums,            \
-        ns::ScaleSigned, ns::EncodeChunk, ns::RotateChunk, ns::DecodeChunk,         \
-        ns::AddIndices                                                              \
+#define THC_KERNEL_TABLE(ns)                                                              \
+  Kernels {                                                                               \
+    #ns, ns::Fwht, ns::Quantize, ns::Pack, ns::SumSquares, ns::LoadSums, ns::ScaleSigned, \
+        ns::EncodeChunk, ns::RotateChunk, ns::DecodeChunk, ns::AddIndices                 \
   }
 
 codec::IsaChoice<Kernels>& Choice() {

@@ -118,7 +118,8 @@ Encoder::Encoder(const Config& cfg, size_t d, uint32_t rank, bool error_feedback
     m.res.resize(m.geo.padded);
     m.scratch.resize(m.geo.padded);
   }
-  for (int i = 0; i < Impl::kProbes; ++i) m.probe_at[i] = (size_t)((2 * i + 1) * d / (2 * Impl::kProbes));
+  for (int i = 0; i < Impl::kProbes; ++i)
+    m.probe_at[i] = (size_t)((2 * i + 1) * d / (2 * Impl::kProbes));
   const int levels = 1 << cfg.bits;
   const uint32_t g = cfg.granularity;
   m.tbl.assign(cfg.table.begin(), cfg.table.end());
@@ -202,9 +203,9 @@ Status Encoder::Impl::Rotate(const float* grad, double* sumsq) {
     const ChunkTask& c = tasks[i];
     const size_t nvalid = c.j0 < geo.d ? std::min(c.n, geo.d - c.j0) : 0;
     double part = 0;
-    const int st = k.rotate_chunk(nvalid ? grad + c.j0 : nullptr, res.data() + c.j0, nvalid, c.n,
-                                  c.j0, runs[c.run].block, sign_key, scratch.data() + c.j0,
-                                  &part, inner);
+    const int st =
+        k.rotate_chunk(nvalid ? grad + c.j0 : nullptr, res.data() + c.j0, nvalid, c.n, c.j0,
+                       runs[c.run].block, sign_key, scratch.data() + c.j0, &part, inner);
     task_value[i] = part;
     return st;
   });
@@ -331,10 +332,9 @@ Status Encoder::Encode(const float* grad, double max_norm, uint8_t* payload) {
       st = mb < 0x7F800000u ? detail::kChunkOk : detail::kChunkOverflow;
     } else {
       const size_t nvalid = j0 < geo.d ? std::min(n, geo.d - j0) : 0;
-      st = k.encode_chunk(nvalid ? grad + j0 : nullptr, m.ef ? m.res.data() + j0 : nullptr,
-                          nvalid, n, j0, m.runs[c.run].block, m.sign_key, qp, cw.work.data(),
-                          cw.idx.data(), out, m.ef ? m.scratch.data() + j0 : nullptr,
-                          &chunk_bound, inner);
+      st = k.encode_chunk(nvalid ? grad + j0 : nullptr, m.ef ? m.res.data() + j0 : nullptr, nvalid,
+                          n, j0, m.runs[c.run].block, m.sign_key, qp, cw.work.data(), cw.idx.data(),
+                          out, m.ef ? m.scratch.data() + j0 : nullptr, &chunk_bound, inner);
     }
     m.task_value[i] = chunk_bound;
     return st;

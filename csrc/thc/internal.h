@@ -44,8 +44,12 @@ class AlignedArray {
     std::memset(static_cast<void*>(p_), 0, bytes);
   }
   void swap(AlignedArray& o) noexcept {
-    T* p = p_; p_ = o.p_; o.p_ = p;
-    size_t n = n_; n_ = o.n_; o.n_ = n;
+    T* p = p_;
+    p_ = o.p_;
+    o.p_ = p;
+    size_t n = n_;
+    n_ = o.n_;
+    o.n_ = n;
   }
   T* data() { return p_; }
   const T* data() const { return p_; }
@@ -71,20 +75,20 @@ inline int Runs(size_t padded, size_t block, size_t tail_block, Run out[2]) {
 
 // Everything the quantize kernel needs; filled once per Encode call by the encoder.
 struct QuantParams {
-  float c1 = 0, c0 = 0;     // t = y * c1 + c0
-  float gmax = 0;           // g as a float (the clip)
-  float k1 = 0, k0 = 0;     // error feedback: e = y - (TBL[q] * k1 + k0)
-  bool ef = false;          // write e over y
+  float c1 = 0, c0 = 0;  // t = y * c1 + c0
+  float gmax = 0;        // g as a float (the clip)
+  float k1 = 0, k0 = 0;  // error feedback: e = y - (TBL[q] * k1 + k0)
+  bool ef = false;       // write e over y
   uint32_t round_key = 0;
-  int levels = 0;           // K = 2^bits
+  int levels = 0;                // K = 2^bits
   const int32_t* lvl = nullptr;  // lvl[k], k = 0..g: largest i with TBL[i] <= k, capped at K-2;
                                  // nullptr when g is large (binary search over tbl instead)
   const int32_t* tbl = nullptr;  // TBL[0..K) as integers
   const float* tblf = nullptr;   // float(TBL[i])
   const float* ig = nullptr;     // 1 / (TBL[i+1] - TBL[i]), i = 0..K-2 (entry K-1 is 0)
   // Derived tables the vector kernels use instead (same bits, fewer operations):
-  const float* ig24 = nullptr;   // ig[i] * 2^24 (exact): u < p  <=>  float(h >> 8) < p * 2^24
-  const float* efr = nullptr;    // float(TBL[i]) * k1 + k0 (binary32, in that order), per level
+  const float* ig24 = nullptr;  // ig[i] * 2^24 (exact): u < p  <=>  float(h >> 8) < p * 2^24
+  const float* efr = nullptr;   // float(TBL[i]) * k1 + k0 (binary32, in that order), per level
   // Error feedback: what proves the new residual finite without looking at it (EncodeChunk).
   double res_bound = 0;   // a bound on |r| of the residual in (HUGE_VAL: unknown)
   double efr_absmax = 0;  // max |efr[i]| (HUGE_VAL if one is not finite)
@@ -112,8 +116,8 @@ struct Kernels {
   bool (*sum_squares)(const float* x, size_t n, double* out);
   // dequantize: v[i] = float(S_i) * m1 + m0, i < n, S_i the i-th sum of the stream of `bytes`
   // bytes at sums, sum_bits (1..32) each, LSB first (8/16/32: lanes; dequantize_impl.h).
-  void (*load_sums)(const uint8_t* sums, int sum_bits, size_t bytes, size_t n, float m1,
-                    float m0, float* v);
+  void (*load_sums)(const uint8_t* sums, int sum_bits, size_t bytes, size_t n, float m1, float m0,
+                    float* v);
   // out[i] = sign_{j0+i} * (w[i] * scale), i < n; j0 a multiple of 32.
   void (*scale_signed)(const float* w, size_t n, uint64_t j0, uint32_t sign_key, float scale,
                        float* out);
@@ -123,10 +127,10 @@ struct Kernels {
   // floats; null iff res is null; p.ef says the same) start at the chunk; work holds n floats,
   // idx n bytes. A ChunkStatus; on an error nothing of res_out is promised. With error feedback
   // *res_bound_out gets a bound on |the new residual| of the chunk (finite when kChunkOk).
-  int (*encode_chunk)(const float* grad, const float* res, size_t nvalid, size_t n,
-                       uint64_t j0, size_t block, uint32_t sign_key, const QuantParams& p,
-                       float* work, uint8_t* idx, uint8_t* payload, float* res_out,
-                       double* res_bound_out, int threads);
+  int (*encode_chunk)(const float* grad, const float* res, size_t nvalid, size_t n, uint64_t j0,
+                      size_t block, uint32_t sign_key, const QuantParams& p, float* work,
+                      uint8_t* idx, uint8_t* payload, float* res_out, double* res_bound_out,
+                      int threads);
   // Encode steps 1-2 of one chunk (the norm's half of a step with error feedback):
   // y = Hu(sign * grad) + res (n floats each, starting at the chunk); *sumsq = sum of y^2 in
   // binary64. A ChunkStatus.
@@ -137,9 +141,9 @@ struct Kernels {
   // encode_chunk, rotate_chunk and decode_chunk take `threads`: a chunk that is one block
   // larger than the transform's leaf runs its transform on that many threads (RunTasks; the
   // same operations on every element, so the same bits); 1, and other chunks, on the caller's.
-  void (*decode_chunk)(const uint8_t* sums, int sum_bits, size_t bytes, size_t nvalid,
-                       size_t n, uint64_t j0, size_t block, uint32_t sign_key, float m1,
-                       float m0, float* work, float* out, int threads);
+  void (*decode_chunk)(const uint8_t* sums, int sum_bits, size_t bytes, size_t nvalid, size_t n,
+                       uint64_t j0, size_t block, uint32_t sign_key, float m1, float m0,
+                       float* work, float* out, int threads);
   // aggregate: sums[i] += tbl[index i of the b-bit stream], i < n; lanes of lane_bits.
   void (*add_indices)(const uint8_t* payload, size_t n, int bits, const uint32_t* tbl,
                       int lane_bits, void* sums);
@@ -155,27 +159,27 @@ const Kernels& ActiveKernels();
 void RunTasks(int threads, size_t tasks, void (*fn)(void* ctx, size_t i), void* ctx);
 
 // Per-ISA entry points, defined in the kernel files; dispatch.cc gathers them.
-#define THC_DECLARE_ISA_KERNELS(ns)                                                           \
-  namespace ns {                                                                              \
-  void Fwht(float* x, size_t n, size_t block);                                                \
-  uint32_t Quantize(float* y, size_t n, uint64_t j0, const QuantParams& p, uint8_t* idx);     \
-  void Pack(const uint8_t* idx, size_t n, int bits, uint8_t* out);                            \
-  bool SumSquares(const float* x, size_t n, double* out);                                     \
-  void LoadSums(const uint8_t* sums, int sum_bits, size_t bytes, size_t n, float m1,          \
-                float m0, float* v);                                                          \
-  void ScaleSigned(const float* w, size_t n, uint64_t j0, uint32_t sign_key, float scale,     \
-                   float* out);                                                               \
-  void AddIndices(const uint8_t* payload, size_t n, int bits, const uint32_t* tbl,            \
-                  int lane_bits, void* sums);                                                 \
-  int EncodeChunk(const float* grad, const float* res, size_t nvalid, size_t n, uint64_t j0,  \
-                   size_t block, uint32_t sign_key, const QuantParams& p, float* work,        \
-                   uint8_t* idx, uint8_t* payload, float* res_out, double* res_bound_out,     \
-                   int threads);                                                              \
-  int RotateChunk(const float* grad, const float* res, size_t nvalid, size_t n, uint64_t j0,  \
-                  size_t block, uint32_t sign_key, float* y, double* sumsq, int threads);     \
-  void DecodeChunk(const uint8_t* sums, int sum_bits, size_t bytes, size_t nvalid, size_t n,  \
-                   uint64_t j0, size_t block, uint32_t sign_key, float m1, float m0,          \
-                   float* work, float* out, int threads);                                     \
+#define THC_DECLARE_ISA_KERNELS(ns)                                                               \
+  namespace ns {                                                                                  \
+  void Fwht(float* x, size_t n, size_t block);                                                    \
+  uint32_t Quantize(float* y, size_t n, uint64_t j0, const QuantParams& p, uint8_t* idx);         \
+  void Pack(const uint8_t* idx, size_t n, int bits, uint8_t* out);                                \
+  bool SumSquares(const float* x, size_t n, double* out);                                         \
+  void LoadSums(const uint8_t* sums, int sum_bits, size_t bytes, size_t n, float m1, float m0,    \
+                float* v);                                                                        \
+  void ScaleSigned(const float* w, size_t n, uint64_t j0, uint32_t sign_key, float scale,         \
+                   float* out);                                                                   \
+  void AddIndices(const uint8_t* payload, size_t n, int bits, const uint32_t* tbl, int lane_bits, \
+                  void* sums);                                                                    \
+  int EncodeChunk(const float* grad, const float* res, size_t nvalid, size_t n, uint64_t j0,      \
+                  size_t block, uint32_t sign_key, const QuantParams& p, float* work,             \
+                  uint8_t* idx, uint8_t* payload, float* res_out, double* res_bound_out,          \
+                  int threads);                                                                   \
+  int RotateChunk(const float* grad, const float* res, size_t nvalid, size_t n, uint64_t j0,      \
+                  size_t block, uint32_t sign_key, float* y, double* sumsq, int threads);         \
+  void DecodeChunk(const uint8_t* sums, int sum_bits, size_t bytes, size_t nvalid, size_t n,      \
+                   uint64_t j0, size_t block, uint32_t sign_key, float m1, float m0, float* work, \
+                   float* out, int threads);                                                      \
   }
 
 THC_DECLARE_ISA_KERNELS(portable)

@@ -156,9 +156,7 @@ struct PermLut {
     return (vi)_mm256_or_si256(lo, hi);
   }
   // i < 16: byte 0 indexes TBL, bytes 1-3 (0) pick TBL[0] = 0.
-  vf Tblf(vi i) const {
-    return (vf)_mm256_cvtepi32_ps(_mm256_shuffle_epi8(tblb, (__m256i)i));
-  }
+  vf Tblf(vi i) const { return (vf)_mm256_cvtepi32_ps(_mm256_shuffle_epi8(tblb, (__m256i)i)); }
   vf Ig24(vi i) const { return (vf)Pick16(g, (__m256i)i); }
   vf Efr(vi i) const {
     const vf r = Tblf(i) * (vf)k1;
@@ -171,8 +169,8 @@ struct PermLut {
 inline void StoreIdx(uint8_t* out, vi q) {
 #if THC_W == 8
   const __m256i b = _mm256_shuffle_epi8(
-      (__m256i)q, _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
-                                   0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1));
+      (__m256i)q, _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 0,
+                                   4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1));
   const __m256i c = _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 1, 1, 1, 1, 1));
   _mm_storel_epi64((__m128i*)out, _mm256_castsi256_si128(c));
 #else
@@ -221,7 +219,8 @@ inline uint8_t QuantizeOne(float* yp, uint64_t j, const QuantParams& p) {
 // lv + 1 where u < p, else lv (the rounding decision of step 5).
 inline vi AddIfLess(vi lv, vf u, vf p) {
 #if THC_W == 16
-  return (vi)_mm512_mask_add_epi32((__m512i)lv, _mm512_cmp_ps_mask((__m512)u, (__m512)p, _CMP_LT_OQ),
+  return (vi)_mm512_mask_add_epi32((__m512i)lv,
+                                   _mm512_cmp_ps_mask((__m512)u, (__m512)p, _CMP_LT_OQ),
                                    (__m512i)lv, _mm512_set1_epi32(1));
 #else
   return lv - (vi)(u < p);
@@ -277,35 +276,36 @@ uint32_t QuantizeLoop(float* y, size_t n, uint64_t j0, const QuantParams& p, uin
   // Vectors, in runs that do not cross a multiple of 2^16 (one HashMix each). The portable
   // build stays scalar: without gathers, per-lane lookups and variable shifts, its 4-wide
   // vectors are slower than plain code.
-  if constexpr (W >= 8) while (n - i >= (size_t)W) {
-    const uint32_t js = (uint32_t)(j0 + i);
-    const size_t run_end = std::min(n, i + ((size_t)0x10000 - (js & 0xFFFFu)));
-    const vu mix = BroadcastU(HashMix(p.round_key, js));
-    vu jv = BroadcastU(js) + Iota();
-    auto one = [&](size_t at) {
-      vf e;
-      const vi q = body(LoadF(y + at), jv ^ mix, &e);
-      if constexpr (kEf) {
-        StoreF(y + at, e);
-        const vu a = AsU(e) & 0x7FFFFFFFu;
-        emax = a > emax ? a : emax;
-      }
-      jv += (uint32_t)W;
-      return q;
-    };
+  if constexpr (W >= 8)
+    while (n - i >= (size_t)W) {
+      const uint32_t js = (uint32_t)(j0 + i);
+      const size_t run_end = std::min(n, i + ((size_t)0x10000 - (js & 0xFFFFu)));
+      const vu mix = BroadcastU(HashMix(p.round_key, js));
+      vu jv = BroadcastU(js) + Iota();
+      auto one = [&](size_t at) {
+        vf e;
+        const vi q = body(LoadF(y + at), jv ^ mix, &e);
+        if constexpr (kEf) {
+          StoreF(y + at, e);
+          const vu a = AsU(e) & 0x7FFFFFFFu;
+          emax = a > emax ? a : emax;
+        }
+        jv += (uint32_t)W;
+        return q;
+      };
 #if THC_W == 16
-    // Four vectors at a time: pack 64 indices into one store (vpmovdb to memory is slow).
-    const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-    for (; i + 4 * W <= run_end; i += 4 * W) {
-      const vi q0 = one(i), q1 = one(i + W), q2 = one(i + 2 * W), q3 = one(i + 3 * W);
-      const __m512i a = _mm512_packus_epi32((__m512i)q0, (__m512i)q1);
-      const __m512i b = _mm512_packus_epi32((__m512i)q2, (__m512i)q3);
-      _mm512_storeu_si512(idx + i, _mm512_permutexvar_epi32(order, _mm512_packus_epi16(a, b)));
-    }
+      // Four vectors at a time: pack 64 indices into one store (vpmovdb to memory is slow).
+      const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+      for (; i + 4 * W <= run_end; i += 4 * W) {
+        const vi q0 = one(i), q1 = one(i + W), q2 = one(i + 2 * W), q3 = one(i + 3 * W);
+        const __m512i a = _mm512_packus_epi32((__m512i)q0, (__m512i)q1);
+        const __m512i b = _mm512_packus_epi32((__m512i)q2, (__m512i)q3);
+        _mm512_storeu_si512(idx + i, _mm512_permutexvar_epi32(order, _mm512_packus_epi16(a, b)));
+      }
 #endif
-    for (; i + W <= run_end; i += W) StoreIdx(idx + i, one(i));
-    if (i < run_end) break;  // a partial vector: scalar below
-  }
+      for (; i + W <= run_end; i += W) StoreIdx(idx + i, one(i));
+      if (i < run_end) break;  // a partial vector: scalar below
+    }
   uint32_t m = 0;
   if constexpr (kEf && W >= 8) m = MaxLane(emax);
   for (; i < n; ++i) {
@@ -327,7 +327,11 @@ void PackScalar(const uint8_t* idx, size_t n, int bits, uint8_t* out) {
   for (size_t i = 0; i < n; ++i) {
     acc |= (uint64_t)idx[i] << nb;
     nb += bits;
-    while (nb >= 8) { out[o++] = (uint8_t)acc; acc >>= 8; nb -= 8; }
+    while (nb >= 8) {
+      out[o++] = (uint8_t)acc;
+      acc >>= 8;
+      nb -= 8;
+    }
   }
   if (nb > 0) out[o++] = (uint8_t)acc;
 }
@@ -368,7 +372,10 @@ uint32_t Quantize(float* y, size_t n, uint64_t j0, const QuantParams& p, uint8_t
 }
 
 void Pack(const uint8_t* idx, size_t n, int bits, uint8_t* out) {
-  if (bits == 8) { std::memcpy(out, idx, n); return; }
+  if (bits == 8) {
+    std::memcpy(out, idx, n);
+    return;
+  }
   size_t i = 0;
   size_t o = 0;
   if (bits == 4) {
@@ -408,14 +415,21 @@ bool SumSquaresT(const float* grad, const float* res, size_t n, double* out, flo
       vf x0 = LoadF(grad + k), x1 = LoadF(grad + k + W);
       vf x2 = LoadF(grad + k + 2 * W), x3 = LoadF(grad + k + 3 * W);
       if (res) {
-        x0 = x0 + LoadF(res + k); x1 = x1 + LoadF(res + k + W);
-        x2 = x2 + LoadF(res + k + 2 * W); x3 = x3 + LoadF(res + k + 3 * W);
+        x0 = x0 + LoadF(res + k);
+        x1 = x1 + LoadF(res + k + W);
+        x2 = x2 + LoadF(res + k + 2 * W);
+        x3 = x3 + LoadF(res + k + 3 * W);
       }
       if constexpr (kStore) {
-        StoreF(store + k, x0); StoreF(store + k + W, x1);
-        StoreF(store + k + 2 * W, x2); StoreF(store + k + 3 * W, x3);
+        StoreF(store + k, x0);
+        StoreF(store + k + W, x1);
+        StoreF(store + k + 2 * W, x2);
+        StoreF(store + k + 3 * W, x3);
       }
-      f0 = f0 + x0 * x0; f1 = f1 + x1 * x1; f2 = f2 + x2 * x2; f3 = f3 + x3 * x3;
+      f0 = f0 + x0 * x0;
+      f1 = f1 + x1 * x1;
+      f2 = f2 + x2 * x2;
+      f3 = f3 + x3 * x3;
     }
     const vf f = (f0 + f1) + (f2 + f3);
     const vu fbad = NonFiniteMask(f);
@@ -532,8 +546,8 @@ struct QuantizeSink {
       const __m256i two = _mm256_or_si256(qq, _mm256_srli_epi64(qq, 28));
       // the two 64-bit lanes' low bytes of each half to its bytes 0 and 1, the rest zero
       const __m256i b = _mm256_shuffle_epi8(
-          two, _mm256_setr_epi8(0, 8, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 0,
-                                8, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1));
+          two, _mm256_setr_epi8(0, 8, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 0, 8,
+                                -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1));
       const uint32_t lo = (uint32_t)_mm_cvtsi128_si32(_mm256_castsi256_si128(b));
       const uint32_t hi = (uint32_t)_mm_cvtsi128_si32(_mm256_extracti128_si256(b, 1));
       const uint32_t word = lo | (hi << 16);
@@ -659,8 +673,8 @@ int EncodeChunk(const float* grad, const float* res, size_t nvalid, size_t n, ui
   if (block >= kMinPipelineBlock && (res_out != nullptr) == p.ef) {
     const int st =
         p.lvl && p.levels <= 16 && p.tbl[p.levels - 1] < 32
-            ? EncodePipelineLut(grad, res, nvalid, n, j0, block, sign_key, p, PermLut(p), work,
-                                idx, payload, res_out, res_bound_out, threads)
+            ? EncodePipelineLut(grad, res, nvalid, n, j0, block, sign_key, p, PermLut(p), work, idx,
+                                payload, res_out, res_bound_out, threads)
             : EncodePipelineLut(grad, res, nvalid, n, j0, block, sign_key, p, GatherLut(p), work,
                                 idx, payload, res_out, res_bound_out, threads);
     if (st != kChunkCheck) return st;

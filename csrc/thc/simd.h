@@ -62,7 +62,10 @@ inline void Widen(vf x, vdh* lo, vdh* hi) {
   *lo = (vdh)_mm256_cvtps_pd(_mm256_castps256_ps128((__m256)x));
   *hi = (vdh)_mm256_cvtps_pd(_mm256_extractf128_ps((__m256)x, 1));
 #else
-  for (int l = 0; l < W / 2; ++l) { (*lo)[l] = x[l]; (*hi)[l] = x[l + W / 2]; }
+  for (int l = 0; l < W / 2; ++l) {
+    (*lo)[l] = x[l];
+    (*hi)[l] = x[l + W / 2];
+  }
 #endif
 }
 

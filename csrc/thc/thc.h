@@ -32,19 +32,19 @@ const char* StatusText(Status st);
 using codec::kMaxRank;  // a round key holds the rank in 24 bits (common/limits.h)
 using codec::kMaxSize;  // elements of one partition (d)
 using codec::kMaxStep;  // ... and the step in the other 40
-constexpr uint32_t kMaxGranularity = (1u << 24) - 1;    // g: every table value exact in float32
+constexpr uint32_t kMaxGranularity = (1u << 24) - 1;  // g: every table value exact in float32
 constexpr uint64_t kMaxRotationBlock = uint64_t{1} << 32;
-constexpr uint32_t kMaxWorkers = 0xffffffffu;           // n: a uint32 everywhere
-constexpr int kMaxThreads = 256;                        // threads of one partition's codec
+constexpr uint32_t kMaxWorkers = 0xffffffffu;  // n: a uint32 everywhere
+constexpr int kMaxThreads = 256;               // threads of one partition's codec
 
 // Everything that defines the code. Workers and the server must agree on all of it.
 struct Config {
-  int bits = 4;                    // b: 1..8
-  uint32_t granularity = 30;       // g: table values in [0, g]; 2^b - 1 <= g <= kMaxGranularity
+  int bits = 4;                      // b: 1..8
+  uint32_t granularity = 30;         // g: table values in [0, g]; 2^b - 1 <= g <= kMaxGranularity
   double clip = 2.1538746940614564;  // T = Phi^-1(1 - p/2); p = 1/32 by default
   uint64_t seed = 42;
-  uint64_t rotation_block = 0;     // power of two (blocks of one size); 0 = tiled by AutoBlock(d)
-  std::vector<uint32_t> table;     // 2^bits levels, 0 .. g, strictly increasing
+  uint64_t rotation_block = 0;  // power of two (blocks of one size); 0 = tiled by AutoBlock(d)
+  std::vector<uint32_t> table;  // 2^bits levels, 0 .. g, strictly increasing
 };
 
 // Empty string when valid, else a message naming the bad field and value.
@@ -59,9 +59,9 @@ constexpr uint64_t kTileAlign = 32;  // a smaller block is not tiled (sign words
 // block of tail_block (0: none; always 0 for a given rotation_block). Every block starts at a
 // multiple of 32 coordinates, or at 0.
 struct Geometry {
-  size_t d = 0;          // elements in
-  size_t block = 0;      // B (power of two)
-  size_t padded = 0;     // d_pad: every block's coordinates
+  size_t d = 0;              // elements in
+  size_t block = 0;          // B (power of two)
+  size_t padded = 0;         // d_pad: every block's coordinates
   size_t payload_bytes = 0;  // ceil(d_pad * bits / 8)
   size_t tail_block = 0;     // the last block's size when smaller than B (a power of two), or 0
 };
@@ -160,9 +160,9 @@ bool PackSums(const void* lanes, int lane_bits, size_t n, int sum_bits, uint8_t*
 // Decode() of the server's packed reply: kBadArgument unless sum_bits == SumBits(cfg, n) and
 // bytes == PackedSumsBytes(d_pad, sum_bits). total: the estimate of the sum of the inputs
 // instead of their mean, n folded into the last scale (docs/ALGORITHM.md, "Decode").
-Status DecodePacked(const Config& cfg, size_t d, const uint8_t* packed, size_t bytes,
-                    int sum_bits, uint32_t num_workers, double max_norm, float* out,
-                    bool total = false, int threads = 1);
+Status DecodePacked(const Config& cfg, size_t d, const uint8_t* packed, size_t bytes, int sum_bits,
+                    uint32_t num_workers, double max_norm, float* out, bool total = false,
+                    int threads = 1);
 
 // The instruction set chosen at run time: "avx512", "avx2" or "portable" (the best this CPU has).
 const char* ActiveIsa();

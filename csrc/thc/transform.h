@@ -58,14 +58,13 @@ inline vf InVector(vf x) {
          : (H == 2) ? __builtin_shufflevector(x, x, 2, 3, 0, 1, 6, 7, 4, 5)
                     : __builtin_shufflevector(x, x, 4, 5, 6, 7, 0, 1, 2, 3);
 #elif THC_W == 16
-  vf s = (H == 1)   ? __builtin_shufflevector(x, x, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12,
-                                              15, 14)
-         : (H == 2) ? __builtin_shufflevector(x, x, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15,
-                                              12, 13)
-         : (H == 4) ? __builtin_shufflevector(x, x, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9,
-                                              10, 11)
-                    : __builtin_shufflevector(x, x, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4,
-                                              5, 6, 7);
+  vf s = (H == 1)
+             ? __builtin_shufflevector(x, x, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14)
+         : (H == 2)
+             ? __builtin_shufflevector(x, x, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13)
+         : (H == 4)
+             ? __builtin_shufflevector(x, x, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11)
+             : __builtin_shufflevector(x, x, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7);
 #else
 #error "THC_W must be 4, 8 or 16"
 #endif
@@ -152,7 +151,10 @@ void ScalarFwht(float* x, size_t n) {
 
 // All stages of a block of n <= kLeaf floats (n a power of two).
 void LeafFwht(float* x, size_t n) {
-  if (n < (size_t)W) { ScalarFwht(x, n); return; }
+  if (n < (size_t)W) {
+    ScalarFwht(x, n);
+    return;
+  }
   // Pass 1: in-vector stages, then up to 3 stages between neighbouring vectors.
   const size_t vecs = n / W;
   if (vecs >= 8) {
@@ -184,7 +186,10 @@ void LeafFwht(float* x, size_t n) {
 
 // Cache-blocked transform of one block of n floats (a power of two).
 void BlockFwht(float* x, size_t n) {
-  if (n <= kLeaf) { LeafFwht(x, n); return; }
+  if (n <= kLeaf) {
+    LeafFwht(x, n);
+    return;
+  }
   int levels = 0;  // stages above the leaf
   for (size_t m = n; m > kLeaf; m >>= 1) ++levels;
   const int s = levels < kMaxRadix ? levels : kMaxRadix;
@@ -206,9 +211,13 @@ void BlockFwht(float* x, size_t n) {
 // prefetchers alone leave the core waiting on L3 (measured: a third of the encode's time).
 constexpr size_t kPrefetch = 1024;
 template <class T>
-inline void PrefetchRead(const T* p) { __builtin_prefetch(p, 0, 3); }
+inline void PrefetchRead(const T* p) {
+  __builtin_prefetch(p, 0, 3);
+}
 template <class T>
-inline void PrefetchWrite(T* p) { __builtin_prefetch(p, 1, 3); }
+inline void PrefetchWrite(T* p) {
+  __builtin_prefetch(p, 1, 3);
+}
 
 // The signs of a chunk as words, once per chunk and vectorised: words[k] = hash32(key ^ (j0/32 + k))
 // (docs/ALGORITHM.md; j0 a multiple of 32), so that flipping a vector's signs in a pipeline is a
@@ -353,7 +362,10 @@ void LeafTo(float* w, size_t base, size_t n, Src src, Sink sink) {
 // Hu of one block w[base, base + n), n >= 8W a power of two, cache-blocked as BlockFwht.
 template <bool kInVec, class Src, class Sink>
 void BlockTo(float* w, size_t base, size_t n, Src src, Sink sink) {
-  if (n <= kLeaf) { LeafTo<kInVec>(w, base, n, src, sink); return; }
+  if (n <= kLeaf) {
+    LeafTo<kInVec>(w, base, n, src, sink);
+    return;
+  }
   int levels = 0;
   for (size_t m = n; m > kLeaf; m >>= 1) ++levels;
   const int s = levels < kMaxRadix ? levels : kMaxRadix;

@@ -21,7 +21,8 @@ struct AggParams {
 
 // One thread: 8 consecutive coordinates (b bytes of every payload).
 template <typename L>
-__global__ void __launch_bounds__(kAggThreads) AggregateKernel(const __grid_constant__ AggParams p) {
+__global__ void __launch_bounds__(kAggThreads)
+    AggregateKernel(const __grid_constant__ AggParams p) {
   __shared__ uint32_t tbl[256];
   for (int i = threadIdx.x; i < 256; i += kAggThreads) tbl[i] = p.table[i];
   __syncthreads();
@@ -30,7 +31,8 @@ __global__ void __launch_bounds__(kAggThreads) AggregateKernel(const __grid_cons
   const int bits = p.bits;
   const uint32_t mask = (1u << bits) - 1u;
   const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
-  for (uint64_t g = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; g < groups; g += stride) {
+  for (uint64_t g = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; g < groups;
+       g += stride) {
     const uint64_t j0 = g * 8;
     const int nvalid = p.padded - j0 < 8 ? static_cast<int>(p.padded - j0) : 8;
     const int nbytes = (nvalid * bits + 7) / 8;

@@ -52,11 +52,13 @@ Plan MakePlan(const Code& code, const Geometry& g) {
   if (L <= fused) {
     const int lt = L <= detail::kSmallTile ? detail::kSmallTile : detail::kLargeTile;
     const uint64_t tile = uint64_t{1} << lt;
-    plan.pass[plan.n++] = Pass{lt, lt, lt, 0, L, static_cast<uint32_t>((g.padded + tile - 1) / tile)};
+    plan.pass[plan.n++] =
+        Pass{lt, lt, lt, 0, L, static_cast<uint32_t>((g.padded + tile - 1) / tile)};
     return plan;
   }
-  const int row = (L <= detail::kLargeTile || L - detail::kSmallTile <= colmax) ? detail::kSmallTile
-                                                                             : detail::kLargeTile;
+  const int row = (L <= detail::kLargeTile || L - detail::kSmallTile <= colmax)
+                      ? detail::kSmallTile
+                      : detail::kLargeTile;
   plan.pass[plan.n++] = Pass{row, row, row, 0, row, static_cast<uint32_t>(g.padded >> row)};
   const int rem = L - row;
   const int np = (rem + colmax - 1) / colmax;
@@ -100,9 +102,9 @@ void BaseParams(const Code& code, const Geometry& g, TileParams* p) {
   const int K = 1 << code.bits;
   for (int i = 0; i < 256; ++i) {
     p->table[i] = i < K ? code.table[i] : code.granularity;
-    p->inv_gap[i] = i < K - 1 ? static_cast<float>(1.0 / static_cast<double>(
-                                                             code.table[i + 1] - code.table[i]))
-                              : 0.f;
+    p->inv_gap[i] =
+        i < K - 1 ? static_cast<float>(1.0 / static_cast<double>(code.table[i + 1] - code.table[i]))
+                  : 0.f;
   }
 }
 
@@ -176,8 +178,7 @@ cudaError_t RotateDispatch(const Code& code, const Geometry& g, TileParams* p, D
                            cudaStream_t stream) {
   switch (dtype) {
     case kFloat16: return RotateT<D, __half>(code, g, p, grad, payload, workspace, stream);
-    case kBFloat16:
-      return RotateT<D, __nv_bfloat16>(code, g, p, grad, payload, workspace, stream);
+    case kBFloat16: return RotateT<D, __nv_bfloat16>(code, g, p, grad, payload, workspace, stream);
     default: return RotateT<D, float>(code, g, p, grad, payload, workspace, stream);
   }
 }
@@ -245,8 +246,7 @@ std::string ValidateCode(const Code& code) {
            " must be 0 or a power of two";
   if (code.fused_max_log != detail::kSmallTile && code.fused_max_log != detail::kLargeTile)
     return "thc.cuda: fused_max_log must be 12 or 14";
-  if (code.chunk_log < 15 || code.chunk_log > 32)
-    return "thc.cuda: chunk_log must be in 15..32";
+  if (code.chunk_log < 15 || code.chunk_log > 32) return "thc.cuda: chunk_log must be in 15..32";
   if (code.column_max_bits < 1 || code.column_max_bits > 11)
     return "thc.cuda: column_max_bits must be in 1..11";
   if (code.table[0] != 0 || code.table[K - 1] != code.granularity)
@@ -341,8 +341,8 @@ std::string LaunchEncode(const Code& code, const EncodeArgs& a, cudaStream_t str
   p.status_out = a.status_out;
   p.res_in = a.residual;
   p.res_out = a.residual;
-  const cudaError_t err = RotateDispatch<Dst::kQuant>(code, g, &p, a.dtype, a.grad, a.payload,
-                                                      a.workspace, stream);
+  const cudaError_t err =
+      RotateDispatch<Dst::kQuant>(code, g, &p, a.dtype, a.grad, a.payload, a.workspace, stream);
   return err == cudaSuccess ? "" : Fail("encode launch", err);
 }
 

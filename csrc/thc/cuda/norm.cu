@@ -18,7 +18,8 @@ __global__ void __launch_bounds__(kNormThreads)
   double sum = 0.0;
   bool bad = false;
   const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
-  for (uint64_t j = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; j < d; j += stride) {
+  for (uint64_t j = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; j < d;
+       j += stride) {
     const float x = ToFloat(grad[j]);
     bad |= !isfinite(x);
     const double v = static_cast<double>(x);
@@ -43,8 +44,8 @@ __global__ void NormFinalize(double* norm, double block) { *norm = sqrt(*norm / 
 
 template <typename T>
 cudaError_t LaunchNormT(const NormArgs& a, int blocks, cudaStream_t stream) {
-  NormKernel<T><<<blocks, kNormThreads, 0, stream>>>(static_cast<const T*>(a.grad), a.d, a.norm,
-                                                     a.status);
+  NormKernel<T>
+      <<<blocks, kNormThreads, 0, stream>>>(static_cast<const T*>(a.grad), a.d, a.norm, a.status);
   return cudaGetLastError();
 }
 

@@ -42,9 +42,9 @@ struct Code {
   uint64_t rotation_block = 0;  // 0 = whole partition
   uint32_t table[256] = {};     // 2^bits levels
   // Pass planning (tests force several passes on small sizes; leave the defaults otherwise):
-  int fused_max_log = 14;       // blocks up to 2^this run in one kernel (12 or 14)
-  int column_max_bits = 11;     // bits per column pass of a larger block (1..11)
-  int chunk_log = 22;           // larger blocks run in chunks of max(2^this, block) (L2-sized)
+  int fused_max_log = 14;    // blocks up to 2^this run in one kernel (12 or 14)
+  int column_max_bits = 11;  // bits per column pass of a larger block (1..11)
+  int chunk_log = 22;        // larger blocks run in chunks of max(2^this, block) (L2-sized)
 };
 // Empty when valid.
 std::string ValidateCode(const Code& code);
@@ -68,13 +68,13 @@ uint64_t WorkspaceFloats(const Code& code, uint64_t d);
 // without error feedback sqrt(sum_{j<d} grad_j^2); with it sqrt(sum_{j<d_pad} y_j^2 / B) over
 // y = Hu(sign * grad) + r, which takes the transform (and the workspace for blocks above 2^14).
 struct NormArgs {
-  const void* grad = nullptr;      // d elements of `dtype`
+  const void* grad = nullptr;  // d elements of `dtype`
   DType dtype = kFloat32;
-  const float* residual = nullptr; // the rotated state r: d_pad floats, or null
+  const float* residual = nullptr;  // the rotated state r: d_pad floats, or null
   uint64_t d = 0;
-  double* norm = nullptr;          // out
-  float* workspace = nullptr;      // WorkspaceFloats() floats, with a residual (may be null if 0)
-  int* status = nullptr;           // cleared, then kStatusNonFiniteInput / kStatusOverflow
+  double* norm = nullptr;      // out
+  float* workspace = nullptr;  // WorkspaceFloats() floats, with a residual (may be null if 0)
+  int* status = nullptr;       // cleared, then kStatusNonFiniteInput / kStatusOverflow
 };
 std::string LaunchNorm(const Code& code, const NormArgs& a, cudaStream_t stream);
 
@@ -89,19 +89,19 @@ std::string LaunchNorm(const Code& code, const NormArgs& a, cudaStream_t stream)
 //   same status word computes the same y and flags it, and then the encode writes nothing at all
 //   (byteps_thc/cuda.py always does so).
 struct EncodeArgs {
-  const void* grad = nullptr;       // d elements of `dtype`
+  const void* grad = nullptr;  // d elements of `dtype`
   DType dtype = kFloat32;
-  float* residual = nullptr;        // the rotated state r: d_pad floats, read and rewritten in
-                                    // place; null = no error feedback
+  float* residual = nullptr;  // the rotated state r: d_pad floats, read and rewritten in
+                              // place; null = no error feedback
   uint64_t d = 0;
   uint32_t rank = 0;
   uint64_t step = 0;
   const double* max_norm_dev = nullptr;  // M on the device (e.g. after an all-reduce max), or null
   double max_norm = 0;                   // M when max_norm_dev is null
-  uint8_t* payload = nullptr;       // out: payload_bytes
-  float* workspace = nullptr;       // WorkspaceFloats() floats (may be null when that is 0)
-  const int* status = nullptr;      // skip everything when *status != 0 (null: no check)
-  int* status_out = nullptr;        // where flags are recorded (may equal status)
+  uint8_t* payload = nullptr;            // out: payload_bytes
+  float* workspace = nullptr;            // WorkspaceFloats() floats (may be null when that is 0)
+  const int* status = nullptr;           // skip everything when *status != 0 (null: no check)
+  int* status_out = nullptr;             // where flags are recorded (may equal status)
 };
 std::string LaunchEncode(const Code& code, const EncodeArgs& a, cudaStream_t stream);
 
@@ -111,21 +111,21 @@ struct AggregateArgs {
   uint32_t count = 0;
   uint64_t stride = 0;
   uint64_t d = 0;
-  void* sums = nullptr;               // d_pad lanes
+  void* sums = nullptr;  // d_pad lanes
   int lane_bits = 8;
-  bool accumulate = false;            // add to the sums already there (else overwrite)
+  bool accumulate = false;  // add to the sums already there (else overwrite)
 };
 std::string LaunchAggregate(const Code& code, const AggregateArgs& a, cudaStream_t stream);
 
 struct DecodeArgs {
-  const void* sums = nullptr;   // d_pad lanes of lane_bits
+  const void* sums = nullptr;  // d_pad lanes of lane_bits
   int lane_bits = 8;
   uint32_t num_workers = 1;
   uint64_t d = 0;
   const double* max_norm_dev = nullptr;
   double max_norm = 0;
-  float* out = nullptr;         // d floats (may be null when out_cast is given)
-  void* out_cast = nullptr;     // optional: d elements of out_dtype as well (rounded to nearest)
+  float* out = nullptr;      // d floats (may be null when out_cast is given)
+  void* out_cast = nullptr;  // optional: d elements of out_dtype as well (rounded to nearest)
   DType out_dtype = kFloat32;
   float* workspace = nullptr;
   const int* status = nullptr;

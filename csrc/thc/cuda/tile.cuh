@@ -49,20 +49,20 @@ struct TileParams {
   int lo = 0;          // the global bit of local bit log_c
   int tb = 0, te = 0;  // local bits to transform, [tb, te)
   uint32_t num_tiles = 0;
-  bool first = false;     // first kernel of a chain: records a bad M
+  bool first = false;       // first kernel of a chain: records a bad M
   bool zero_at_m0 = false;  // decode: M = 0 writes zeros (the first kernel) and skips the rest
   uint64_t d = 0, padded = 0, payload_bytes = 0;  // of this launch's range (a chunk)
   uint64_t j_base = 0;  // coordinate of the range's first element (signs, uniforms)
   // data
-  const void* src = nullptr;       // grad (Src::kGrad), workspace, or sums
-  const float* res_in = nullptr;   // rotated state r added to y (Dst::kQuant, kNorm); may be null
-  float* res_out = nullptr;        // new state written (Dst::kQuant); null without error feedback
-  float* scratch = nullptr;        // workspace (Dst::kScratch)
+  const void* src = nullptr;      // grad (Src::kGrad), workspace, or sums
+  const float* res_in = nullptr;  // rotated state r added to y (Dst::kQuant, kNorm); may be null
+  float* res_out = nullptr;       // new state written (Dst::kQuant); null without error feedback
+  float* scratch = nullptr;       // workspace (Dst::kScratch)
   uint8_t* payload = nullptr;
   float* out = nullptr;
   void* out_cast = nullptr;
   int out_dtype = kFloat32;
-  double* norm_acc = nullptr;      // Dst::kNorm: sum of y^2 (binary64, atomically added)
+  double* norm_acc = nullptr;  // Dst::kNorm: sum of y^2 (binary64, atomically added)
   // code
   int bits = 4, levels = 16;
   uint32_t granularity = 30;
@@ -72,8 +72,8 @@ struct TileParams {
   uint32_t sign_key = 0, round_key = 0;
   const double* max_norm_dev = nullptr;
   double max_norm = 0;
-  const int* status = nullptr;     // skip the kernel when *status != 0 (null: no check)
-  int* status_out = nullptr;       // where flags are recorded (may be null)
+  const int* status = nullptr;  // skip the kernel when *status != 0 (null: no check)
+  int* status_out = nullptr;    // where flags are recorded (may be null)
   uint32_t table[256];
   float inv_gap[256];  // IG[i] = float(1 / (TBL[i+1] - TBL[i])) (binary64, rounded once)
 };
@@ -373,35 +373,35 @@ template <int LT, Src S, Dst D, typename T>
 cudaError_t LaunchTile(const TileParams& p, cudaStream_t stream);
 
 #ifdef THC_CUDA_EMULATE
-#define THC_DEFINE_LAUNCH_TILE(LT, S, D, T)                                                     \
-  template <>                                                                                 \
-  cudaError_t LaunchTile<LT, S, D, T>(const TileParams& p, cudaStream_t) {                    \
-    thc_emu::Launch(p.num_tiles, kThreads, TileTraits<LT>::kSmemBytes,                        \
-                    [&p] { TileKernel<LT, S, D, T>(p); });                                    \
-    return cudaSuccess;                                                                       \
+#define THC_DEFINE_LAUNCH_TILE(LT, S, D, T)                                \
+  template <>                                                              \
+  cudaError_t LaunchTile<LT, S, D, T>(const TileParams& p, cudaStream_t) { \
+    thc_emu::Launch(p.num_tiles, kThreads, TileTraits<LT>::kSmemBytes,     \
+                    [&p] { TileKernel<LT, S, D, T>(p); });                 \
+    return cudaSuccess;                                                    \
   }
 #else
 // Above 48 KiB of shared memory a kernel must opt in, once per device (before any stream
 // capture: the first launch on a device does it, so warm up before capturing a CUDA graph).
-#define THC_DEFINE_LAUNCH_TILE(LT, S, D, T)                                                     \
-  template <>                                                                                 \
-  cudaError_t LaunchTile<LT, S, D, T>(const TileParams& p, cudaStream_t stream) {             \
-    constexpr size_t smem = TileTraits<LT>::kSmemBytes;                                       \
-    if (smem > 48 * 1024) {                                                                   \
-      static std::atomic<uint64_t> opted{0};                                                  \
-      int dev = 0;                                                                            \
-      cudaError_t err = cudaGetDevice(&dev);                                                  \
-      if (err != cudaSuccess) return err;                                                     \
-      const uint64_t bit = dev < 64 ? (uint64_t{1} << dev) : 0;                               \
-      if (!bit || !(opted.load(std::memory_order_acquire) & bit)) {                          \
-        err = cudaFuncSetAttribute(TileKernel<LT, S, D, T>,                                   \
-                                   cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);   \
-        if (err != cudaSuccess) return err;                                                   \
-        opted.fetch_or(bit, std::memory_order_acq_rel);                                       \
-      }                                                                                       \
-    }                                                                                         \
-    TileKernel<LT, S, D, T><<<p.num_tiles, kThreads, smem, stream>>>(p);                      \
-    return cudaGetLastError();                                                                \
+#define THC_DEFINE_LAUNCH_TILE(LT, S, D, T)                                                 \
+  template <>                                                                               \
+  cudaError_t LaunchTile<LT, S, D, T>(const TileParams& p, cudaStream_t stream) {           \
+    constexpr size_t smem = TileTraits<LT>::kSmemBytes;                                     \
+    if (smem > 48 * 1024) {                                                                 \
+      static std::atomic<uint64_t> opted{0};                                                \
+      int dev = 0;                                                                          \
+      cudaError_t err = cudaGetDevice(&dev);                                                \
+      if (err != cudaSuccess) return err;                                                   \
+      const uint64_t bit = dev < 64 ? (uint64_t{1} << dev) : 0;                             \
+      if (!bit || !(opted.load(std::memory_order_acquire) & bit)) {                         \
+        err = cudaFuncSetAttribute(TileKernel<LT, S, D, T>,                                 \
+                                   cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem); \
+        if (err != cudaSuccess) return err;                                                 \
+        opted.fetch_or(bit, std::memory_order_acq_rel);                                     \
+      }                                                                                     \
+    }                                                                                       \
+    TileKernel<LT, S, D, T><<<p.num_tiles, kThreads, smem, stream>>>(p);                    \
+    return cudaGetLastError();                                                              \
   }
 #endif
 

@@ -38,9 +38,7 @@ namespace {
 
 ps::KVWorker<char>* kv = nullptr;
 
-ps::Key PsKey(uint64_t key) {
-  return ps::Postoffice::Get()->GetServerKeyRanges()[0].begin() + key;
-}
+ps::Key PsKey(uint64_t key) { return ps::Postoffice::Get()->GetServerKeyRanges()[0].begin() + key; }
 
 bool ReadFile(const std::string& path, std::vector<char>* out) {
   std::ifstream f(path, std::ios::binary);
@@ -101,8 +99,8 @@ std::string Fp(std::istream& is) {
   if (!err.empty()) return "err " + err;
   thc::Config cfg = tw::PartitionConfig(s.config, key);
   thc::Geometry geo = thc::MakeGeometry(cfg, d);
-  return "ok " + std::to_string(tw::Fingerprint(cfg, d)) + " " +
-         std::to_string(geo.payload_bytes) + " " + std::to_string(geo.padded);
+  return "ok " + std::to_string(tw::Fingerprint(cfg, d)) + " " + std::to_string(geo.payload_bytes) +
+         " " + std::to_string(geo.padded);
 }
 
 struct Item {

@@ -34,7 +34,9 @@ inline void IdleWait() { std::this_thread::sleep_for(IdleSleep()); }
 // A pipeline loop with nothing to do waits on its queue (patch 0016): an empty queue sleeps until
 // a task is added (or 5 ms), a queue whose tasks are not ready yet polls every IdleSleep().
 template <typename Queue>
-inline void IdleWait(Queue* q) { q->waitForTask(IdleSleep()); }
+inline void IdleWait(Queue* q) {
+  q->waitForTask(IdleSleep());
+}
 
 }  // namespace common
 }  // namespace byteps

@@ -57,9 +57,9 @@ char* TensorAt(const std::shared_ptr<Tensor>& t, size_t offset) {
 std::string Where(const std::shared_ptr<TensorTableEntry>& task) {
   std::ostringstream os;
   auto* thc = AsThc(task);
-  os << (thc ? thc->codec_name() : "THC") << ": tensor '" << task->tensor_name << "' (key " << task->key << ", bytes "
-     << task->offset << ".." << task->offset + task->len << ", rank " << BytePSGlobal::GetRank()
-     << ")";
+  os << (thc ? thc->codec_name() : "THC") << ": tensor '" << task->tensor_name << "' (key "
+     << task->key << ", bytes " << task->offset << ".." << task->offset + task->len << ", rank "
+     << BytePSGlobal::GetRank() << ")";
   return os.str();
 }
 
@@ -158,15 +158,13 @@ void PullMaxNorm(std::shared_ptr<TensorTableEntry> task, compressor::MaxRound* t
                  ps::SArray<ps::Key> keys, int cmd, std::string local, std::string nonfinite) {
   auto reply = new ps::SArray<char>(thc->norm_reply(), thc->norm_reply_capacity(), false);
   auto reply_lens = new ps::SArray<int>();
-  BytePSGlobal::GetPS()->ZPull(keys, reply, reply_lens, cmd,
-                               [task, thc, reply, reply_lens, local, nonfinite]() {
-                                 size_t bytes = reply_lens->empty()
-                                                    ? 0
-                                                    : static_cast<size_t>((*reply_lens)[0]);
-                                 delete reply;
-                                 delete reply_lens;
-                                 FinishNormRound(task, thc, bytes, local, nonfinite);
-                               });
+  BytePSGlobal::GetPS()->ZPull(
+      keys, reply, reply_lens, cmd, [task, thc, reply, reply_lens, local, nonfinite]() {
+        size_t bytes = reply_lens->empty() ? 0 : static_cast<size_t>((*reply_lens)[0]);
+        delete reply;
+        delete reply_lens;
+        FinishNormRound(task, thc, bytes, local, nonfinite);
+      });
 }
 
 // Steps 1-2a: local norm, push it. The norm is pushed even when this worker failed, so that the
@@ -181,8 +179,8 @@ void StartNormRound(std::shared_ptr<TensorTableEntry> task) {
   }
   std::string local, nonfinite;
   double norm = std::numeric_limits<double>::quiet_NaN();
-  std::string err = thc->Bind(task->key, task->len,
-                              static_cast<uint32_t>(BytePSGlobal::GetRank()), task->tensor_name);
+  std::string err = thc->Bind(task->key, task->len, static_cast<uint32_t>(BytePSGlobal::GetRank()),
+                              task->tensor_name);
   if (!err.empty()) {
     local = Where(task) + ": " + err +
             ". Declare it with valid THC settings (byteps_thc.ThcConfig checks them).";
@@ -298,8 +296,7 @@ bool ThcAfterDecompress(std::shared_ptr<TensorTableEntry> task) {
   return true;
 }
 
-bool ThcPullTarget(const std::shared_ptr<TensorTableEntry>& task, char** data,
-                   size_t* capacity) {
+bool ThcPullTarget(const std::shared_ptr<TensorTableEntry>& task, char** data, size_t* capacity) {
   auto* thc = AsThc(task);
   if (!thc || !thc->bound()) return false;
   *data = thc->receive_buffer();

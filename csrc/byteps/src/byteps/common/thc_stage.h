@@ -77,8 +77,7 @@ bool ThcAfterDecompress(std::shared_ptr<TensorTableEntry> task);
 bool ThcPullTarget(const std::shared_ptr<TensorTableEntry>& task, char** data, size_t* capacity);
 
 template <typename Len>
-inline void ThcRedirectPull(const std::shared_ptr<TensorTableEntry>& task, char** data,
-                            Len* len) {
+inline void ThcRedirectPull(const std::shared_ptr<TensorTableEntry>& task, char** data, Len* len) {
   size_t cap = 0;
   if (ThcPullTarget(task, data, &cap)) *len = static_cast<Len>(cap);
 }

@@ -36,6 +36,7 @@
 #include "../common/compressor/impl/thc_wire.h"
 #include "../common/compressor/kwargs_check.h"
 #include "../common/logging.h"  // before utils.h, which uses BPS_LOG
+
 #include "../common/compressor/utils.h"
 
 namespace byteps {
@@ -58,14 +59,14 @@ struct ThcKey {
   // registration
   std::vector<ps::KVMeta> waiting;  // registration requests, answered once all workers sent one
   bool configured = false;
-  std::string fatal;                // non-empty: every round of this key fails with it
-  thc::Config cfg;                  // the partition's configuration (seed mixed with the key)
+  std::string fatal;  // non-empty: every round of this key fails with it
+  thc::Config cfg;    // the partition's configuration (seed mixed with the key)
   std::string description;
   size_t d = 0;
   uint64_t fingerprint = 0;
   uint32_t num_workers = 0;
-  int lane_bits = 0;  // the aggregator's lanes
-  int sum_bits = 0;   // one published sum
+  int lane_bits = 0;             // the aggregator's lanes
+  int sum_bits = 0;              // one published sum
   bool nonfinite_error = false;  // thc_nonfinite=error: a non-finite norm fails the round
   std::unique_ptr<thc::Aggregator> agg;
   // LHC (lhc_server.h): a key whose first registration said compressor_type=lhc takes LHC's
@@ -77,8 +78,8 @@ struct ThcKey {
   std::shared_ptr<LhcKey> lhc;
   // rounds
   Round data, norm, fallback;  // fallback: LHC's exact fallback round
-  double norm_max = 0.0;  // the round's max: NaN if a NaN was pushed, else +inf if an inf was
-  double agreed_max = 0.0;  // the max of the last completed max round (LHC's scale)
+  double norm_max = 0.0;       // the round's max: NaN if a NaN was pushed, else +inf if an inf was
+  double agreed_max = 0.0;     // the max of the last completed max round (LHC's scale)
 };
 
 std::mutex thc_mu_;
@@ -275,8 +276,8 @@ void Register(ThcKey* k, uint64_t key, const ps::KVMeta& req, const ps::KVPairs<
       } else {
         k->agg.reset(new thc::Aggregator(cfg, d, k->num_workers));
         LOG(INFO) << "THC key " << key << " registered: " << k->description << ", "
-                  << k->num_workers << " workers, " << k->lane_bits << "-bit lanes, "
-                  << k->sum_bits << "-bit sums on the wire";
+                  << k->num_workers << " workers, " << k->lane_bits << "-bit lanes, " << k->sum_bits
+                  << "-bit sums on the wire";
       }
     } else if (fp != k->fingerprint) {
       err = "THC settings differ between workers: node " + std::to_string(req.sender) +
@@ -284,9 +285,9 @@ void Register(ThcKey* k, uint64_t key, const ps::KVMeta& req, const ps::KVPairs<
             ", but the key was registered with " + k->description;
     } else if (settings.nonfinite_error != k->nonfinite_error) {
       err = std::string("BYTEPS_THC_NONFINITE differs between workers: node ") +
-            std::to_string(req.sender) + " declared thc_nonfinite=" +
-            tw::NonfiniteName(settings.nonfinite_error) + ", but the key was registered with " +
-            tw::NonfiniteName(k->nonfinite_error);
+            std::to_string(req.sender) +
+            " declared thc_nonfinite=" + tw::NonfiniteName(settings.nonfinite_error) +
+            ", but the key was registered with " + tw::NonfiniteName(k->nonfinite_error);
     }
   }
   FinishRegistration(
@@ -316,8 +317,8 @@ void RegisterLhc(ThcKey* k, uint64_t key, const ps::KVMeta& req, const ps::KVPai
       k->configured = true;
       k->d = stored_len / 4;
       k->num_workers = static_cast<uint32_t>(ps::NumWorkers());
-      LOG(INFO) << "LHC key " << key << " registered: " << k->description << ", "
-                << k->num_workers << " workers";
+      LOG(INFO) << "LHC key " << key << " registered: " << k->description << ", " << k->num_workers
+                << " workers";
     }
   }
   FinishRegistration(
@@ -357,8 +358,8 @@ void DataPush(ThcKey* k, uint64_t key, const ps::KVMeta& req, const ps::KVPairs<
            << "exception say why)";
       } else if (len != expect) {
         os << Where(key, sender) << ": wrong payload length " << len << " bytes, expected "
-           << expect << " (16-byte header + " << k->agg->geometry().payload_bytes
-           << " bytes of " << k->cfg.bits << "-bit indices for d=" << k->d << ")";
+           << expect << " (16-byte header + " << k->agg->geometry().payload_bytes << " bytes of "
+           << k->cfg.bits << "-bit indices for d=" << k->d << ")";
       } else {
         std::string agg_err;
         if (k->agg->Add(reinterpret_cast<const uint8_t*>(p + sizeof(h)), len - sizeof(h),
@@ -388,8 +389,8 @@ void DataPush(ThcKey* k, uint64_t key, const ps::KVMeta& req, const ps::KVPairs<
 
 // LHC's exact fallback round (lhc_wire.h): the workers' int32 values at the unresolved indices,
 // added (lhc_server.cc); the rounds and pulls as the data round's.
-void FallbackPush(ThcKey* k, uint64_t key, const ps::KVMeta& req,
-                  const ps::KVPairs<char>& req_data, ps::KVServer<char>* server) {
+void FallbackPush(ThcKey* k, uint64_t key, const ps::KVMeta& req, const ps::KVPairs<char>& req_data,
+                  ps::KVServer<char>* server) {
   Round* round = &k->fallback;
   const int sender = req.sender;
   const bool first = round->senders.empty();
@@ -440,8 +441,9 @@ void NormPush(ThcKey* k, uint64_t key, const ps::KVMeta& req, const ps::KVPairs<
       } else if (np.norm < 0 || (!tw::IsFinite(np.norm) && k->nonfinite_error)) {
         std::ostringstream os;
         os << "THC key " << key << ": norm push from node " << sender << " is " << np.norm
-           << (np.norm < 0 ? " (must be >= 0)"
-                           : " (a non-finite gradient; BYTEPS_THC_NONFINITE=error: must be finite)");
+           << (np.norm < 0
+                   ? " (must be >= 0)"
+                   : " (a non-finite gradient; BYTEPS_THC_NONFINITE=error: must be finite)");
         Fail(round, os.str());
       } else if (!tw::IsFinite(np.norm)) {
         // as an uncompressed sum would: NaN wins over inf, inf over any finite norm
@@ -454,11 +456,10 @@ void NormPush(ThcKey* k, uint64_t key, const ps::KVMeta& req, const ps::KVPairs<
   server->Response(req, ps::KVPairs<char>());
   if (round->senders.size() < static_cast<size_t>(ps::NumWorkers())) return;
   if (round->error.empty()) k->agreed_max = k->norm_max;
-  ps::SArray<char> result =
-      round->error.empty()
-          ? MakeResponse(0, 64, static_cast<uint32_t>(ps::NumWorkers()), round->completed + 1,
-                         &k->norm_max, sizeof(double))
-          : MakeError(round->error, round->completed + 1);
+  ps::SArray<char> result = round->error.empty()
+                                ? MakeResponse(0, 64, static_cast<uint32_t>(ps::NumWorkers()),
+                                               round->completed + 1, &k->norm_max, sizeof(double))
+                                : MakeError(round->error, round->completed + 1);
   Complete(round, result, server, req_data);
 }
 

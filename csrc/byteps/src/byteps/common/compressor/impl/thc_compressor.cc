@@ -50,8 +50,8 @@ uint16_t FloatToHalf(float f) {
   uint32_t absx = x & 0x7FFFFFFFu;
   if (absx >= 0x7F800000u) return sign | 0x7C00u | (absx > 0x7F800000u ? 0x200u : 0);  // inf/nan
   if (absx >= 0x477FF000u) return sign | 0x7C00u;  // rounds to >= 65520: overflow to inf
-  if (absx < 0x38800000u) {                         // subnormal half (or zero)
-    if (absx < 0x33000000u) return sign;            // < 2^-25: rounds to zero
+  if (absx < 0x38800000u) {                        // subnormal half (or zero)
+    if (absx < 0x33000000u) return sign;           // < 2^-25: rounds to zero
     uint32_t e = absx >> 23, man = (absx & 0x7FFFFFu) | 0x800000u;
     uint32_t shift = 126 - e;  // 14 + (113 - e) ... places the value in units of 2^-24
     uint32_t q = man >> shift, rem = man & ((1u << shift) - 1), half = 1u << (shift - 1);
@@ -185,8 +185,8 @@ tensor_t ThcCompressor::Decompress(tensor_t compressed) {
   // The decoded mean: the decode's last scale carries the 1/n, so the pull of a THC tensor
   // yields the mean and a push_pull's average costs no pass of its own (PullYieldsMean,
   // thc_stage.h; a sum multiplies by n).
-  float* out = _dtype == BYTEPS_FLOAT32 ? reinterpret_cast<float*>(compressed.data)
-                                        : scratch_.data();
+  float* out =
+      _dtype == BYTEPS_FLOAT32 ? reinterpret_cast<float*>(compressed.data) : scratch_.data();
   auto st = thc::DecodePacked(cfg_, d_, reinterpret_cast<const uint8_t*>(recv_.data()) + sizeof(h),
                               h.payload_bytes, static_cast<int>(h.lane_bits), h.num_workers,
                               max_norm_, out, /*total=*/false, settings_.codec_threads);

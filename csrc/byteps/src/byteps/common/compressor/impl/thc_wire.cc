@@ -125,12 +125,14 @@ std::string ParseThcKwargs(const Kwargs& kwargs, ThcSettings* out) {
     }
   }
   if ((v = FindKwarg(kwargs, "thc_seed"))) {
-    if (!ParseU64(v, &u)) return std::string("thc_seed=") + v + " is not an unsigned 64-bit integer";
+    if (!ParseU64(v, &u))
+      return std::string("thc_seed=") + v + " is not an unsigned 64-bit integer";
     c.seed = u;
   }
   if ((v = FindKwarg(kwargs, "thc_rotation_block"))) {
     if (!ParseU64(v, &u) || (u & (u - 1)))
-      return std::string("thc_rotation_block=") + v + " must be 0 (the default per partition) or a power of two";
+      return std::string("thc_rotation_block=") + v +
+             " must be 0 (the default per partition) or a power of two";
     c.rotation_block = u;
   }
   if ((v = FindKwarg(kwargs, "thc_tiling")) && std::string(v) != kTiling)
