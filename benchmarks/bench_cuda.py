@@ -25,8 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 
-from byteps_thc import cuda as thc_cuda
-from byteps_thc.config import ThcConfig
+from byteps_thc.thc import cuda as thc_cuda
+from byteps_thc.thc.config import ThcConfig
 
 
 def time_graph(fn, reps: int, target_ms: float = 25.0) -> float:

@@ -38,7 +38,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from byteps_thc import _C, LhcAggregator, LhcCodec, LhcConfig, lhc_codec
+from byteps_thc import _C, LhcAggregator, LhcCodec, LhcConfig
+from byteps_thc.lhc import codec as lhc_codec
 
 WORKERS = 4
 

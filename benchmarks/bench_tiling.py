@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/bench_tiling.py [--size 589824]
 
-The NumPy reference (byteps_thc.reference), no error feedback, the seeds of
+The NumPy reference (byteps_thc.thc.reference), no error feedback, the seeds of
 tests/unit/test_reference.py; docs/RESULTS.md ("Tiled partitions") has the figures. Inputs:
 standard normal, lognormal(0, 1), and `last-tile`: normal in the default layout's last, smaller
 block and zeros before it (all of a partition's energy in one tile). Also prints
@@ -14,9 +14,9 @@ import argparse
 
 import numpy as np
 
-from byteps_thc import reference as R
 from byteps_thc.advisor import models, wire
-from byteps_thc.config import ThcConfig, next_pow2
+from byteps_thc.thc import reference as R
+from byteps_thc.thc.config import ThcConfig, next_pow2
 
 
 def last_tile(d):

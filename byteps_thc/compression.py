@@ -33,9 +33,9 @@ import warnings
 from typing import Callable, Dict, Mapping, Optional, Tuple
 
 from . import env
-from .config import ThcConfig
+from .lhc import LhcConfig
 from .lhc_compression import LhcMixin, lhc_config  # noqa: F401  (re-exported: adapters)
-from .lhc_config import LhcConfig
+from .thc import ThcConfig
 
 K_COMPRESSORS = ("topk", "randomk", "dithering")
 THC_PARAMS = tuple(f.name for f in dataclasses.fields(ThcConfig))

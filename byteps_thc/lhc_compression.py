@@ -13,7 +13,7 @@ import dataclasses
 from typing import Dict, Mapping, Optional
 
 from . import env
-from .lhc_config import LhcConfig
+from .lhc import LhcConfig
 
 LHC_PARAMS = tuple(f.name for f in dataclasses.fields(LhcConfig))
 

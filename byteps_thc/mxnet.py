@@ -24,9 +24,9 @@ from typing import Mapping, Optional
 from . import compression as _c
 from . import env
 from .compression import THC_PARAMS, thc_config, thc_kwargs, thc_repr
-from .config import ThcConfig
+from .lhc import LhcConfig
 from .lhc_compression import LHC_PARAMS, lhc_config, lhc_kwargs, lhc_repr
-from .lhc_config import LhcConfig
+from .thc import ThcConfig
 
 
 class ThcCompression:

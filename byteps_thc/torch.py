@@ -43,8 +43,8 @@ from . import compression as _c
 from . import env
 from . import waits as _waits
 from .compression import Compressor
-from .config import ThcConfig  # noqa: F401 - part of this module's namespace
-from .lhc_config import LhcConfig  # noqa: F401 - part of this module's namespace
+from .lhc import LhcConfig  # noqa: F401 - part of this module's namespace
+from .thc import ThcConfig  # noqa: F401 - part of this module's namespace
 
 # dtypes BytePS's torch plugin pushes as they are; others (bfloat16) travel as float32.
 _NATIVE = (torch.float32, torch.float64, torch.float16, torch.uint8, torch.int32, torch.int64)

@@ -36,7 +36,7 @@ timeout 300 "$PY" setup.py -q build_ext --inplace -j 16
 BUILD_RC=$?
 BUILD_S=$(( $(date +%s) - B0 ))
 echo "build rc=$BUILD_RC in ${BUILD_S} s"
-"$PY" -c 'from byteps_thc import _C, cuda; print("with_cuda", _C.with_cuda, "devices", _C.cuda.device_count(), _C.cuda.device_name(0))' || BUILD_RC=1
+"$PY" -c 'from byteps_thc import _C; from byteps_thc.thc import cuda; print("with_cuda", _C.with_cuda, "devices", _C.cuda.device_count(), _C.cuda.device_name(0))' || BUILD_RC=1
 
 CUDA_RC=99; UNIT_RC=99; BENCH_RC=99
 if [ "$BUILD_RC" = 0 ]; then

@@ -21,8 +21,7 @@ from typing import Dict, Optional, Tuple
 
 import numpy as np
 
-from .. import reference
-from ..config import ThcConfig
+from ..thc import ThcConfig, reference
 from .wire import (
     REGISTRY_COMPRESSORS,
     CompressorSpec,
@@ -191,7 +190,7 @@ def measure_elem_costs(elems: int = 1 << 20, repeats: int = 5,
     source = "numpy"
     cfg = thc_config or ThcConfig()
     try:  # the codec needs the compiled extension (make ext); without it, the NumPy reference
-        from ..codec import ThcAggregator, ThcCodec
+        from ..thc.codec import ThcAggregator, ThcCodec
         codec = ThcCodec(cfg, elems, rank=0)
         agg = ThcAggregator(cfg, elems, 2)
         m = codec.norm(x)
@@ -284,8 +283,8 @@ LHC_PARTITION = 1024000          # one BytePS partition (BYTEPS_PARTITION_BYTES 
 def measure_lhc_costs(elems: int = LHC_PARTITION, repeats: int = 5) -> Dict[str, float]:
     """LHC_KEYS, timed on the real codec (LhcCodec/LhcAggregator, 2 workers) at two densities,
     0.1% and 2%: each of encode and decode is a + b * count, solved from the two."""
-    from ..lhc_codec import LhcAggregator, LhcCodec, backend
-    from ..lhc_config import LhcConfig
+    from ..lhc import LhcConfig
+    from ..lhc.codec import LhcAggregator, LhcCodec, backend
     if backend() != "core":
         raise RuntimeError("LHC's C++ core is not built (make ext): the reference's times would "
                            "price a codec BytePS does not run")
@@ -345,7 +344,7 @@ def host_key() -> str:
         pass
     isa = ""
     try:  # the extension is optional here (see measure_elem_costs)
-        from ..codec import active_isa
+        from ..thc.codec import active_isa
         isa = active_isa()
     except (ImportError, OSError):
         pass

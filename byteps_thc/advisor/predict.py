@@ -25,7 +25,7 @@ import math
 from typing import List, Optional, Sequence, Tuple
 
 from .. import env
-from ..lhc_config import LhcConfig
+from ..lhc import LhcConfig
 from .costs import LARGE_TENSOR_BYTES, HostCosts, partition_cpu
 from .wire import (
     CompressorSpec,

@@ -26,9 +26,9 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from .. import env
-from ..config import ThcConfig
-from ..lhc_config import LhcConfig
-from ..reference import geometry
+from ..lhc import LhcConfig
+from ..thc import ThcConfig
+from ..thc.reference import geometry
 
 REGISTRY_COMPRESSORS = ("onebit", "topk", "randomk", "dithering")
 KNOWN = ("none", "fp16", "thc", "lhc") + REGISTRY_COMPRESSORS
@@ -197,7 +197,7 @@ def thc_padded(spec: CompressorSpec, elems: int) -> int:
 @functools.lru_cache(maxsize=256)
 def lhc_payload_bytes(cfg: LhcConfig, elems: int) -> int:
     """Bytes of one LHC payload of a partition of `elems` (the codec's own size)."""
-    from ..lhc_codec import LhcAggregator
+    from ..lhc.codec import LhcAggregator
     return LhcAggregator(cfg, int(elems), num_workers=1).payload_bytes
 
 

@@ -18,7 +18,7 @@ import dataclasses
 import hashlib
 from typing import List, Optional, Sequence, Tuple
 
-from ..config import ThcConfig, next_pow2
+from ..thc.config import ThcConfig, next_pow2
 
 PAD_SLACK = 1.05
 PREFERRED_BLOCK = 1 << 14

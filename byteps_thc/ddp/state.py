@@ -35,9 +35,9 @@ import torch
 import torch.distributed as dist
 
 from .. import _C
-from ..codec import ThcAggregator, ThcCodec
-from ..config import ThcConfig
-from ..reference import sign_bits
+from ..thc.codec import ThcAggregator, ThcCodec
+from ..thc.config import ThcConfig
+from ..thc.reference import sign_bits
 from . import geometry
 
 log = logging.getLogger("byteps_thc.ddp")

@@ -1,7 +1,7 @@
 """bpslaunch's command line: the flags, their checks, and the environment they give the workers.
 
 The compression flags only add environment (byteps_thc.env names it): the workers' side
-(byteps_thc.config, byteps_thc.torch...) reads it back. THC's variables are written by
+(byteps_thc.thc.config, byteps_thc.torch...) reads it back. THC's variables are written by
 ThcConfig.to_env(), the one serialisation of a THC configuration; LHC's by LhcConfig.to_env().
 """
 from __future__ import annotations
@@ -12,8 +12,8 @@ import sys
 from typing import Callable, Dict, Mapping, Optional, Sequence
 
 from .. import env
-from ..config import ThcConfig
-from ..lhc_config import LhcConfig
+from ..lhc import LhcConfig
+from ..thc import ThcConfig
 
 COMPRESSORS = env.COMPRESSORS
 

@@ -45,7 +45,7 @@ names), so all of them are in flight at once, as they are inside a traced train 
 `byteps.tensorflow.ops` is imported only when a function needs it, so that this module (and the
 compression objects) can be imported, and tested, without a BytePS build.
 """
-from ..config import ThcConfig  # noqa: F401 - part of this module's namespace (upstream's)
+from ..thc import ThcConfig  # noqa: F401 - part of this module's namespace (upstream's)
 from .core import (
                    Average,
                    Compression,

@@ -2,7 +2,7 @@
 
 Each test starts n ranks of scripts/ddp_worker.py under the launcher's Supervisor (own process
 groups, a timeout, every process stopped at the end) and checks what they saved against values
-computed here from the same inputs: the NumPy reference's THC round (byteps_thc.reference), with
+computed here from the same inputs: the NumPy reference's THC round (byteps_thc.thc.reference), with
 the bucket's block and seed derived here from the rules the docs state, never by the hook's code.
 """
 import hashlib
@@ -16,9 +16,10 @@ import numpy as np
 import pytest
 import torch
 
-from byteps_thc import ThcCodec, ThcConfig, reference
+from byteps_thc import ThcCodec, ThcConfig
 from byteps_thc.ddp import geometry
 from byteps_thc.launch.supervisor import ProcSpec, Supervisor
+from byteps_thc.thc import reference
 from conftest import ROOT, free_port
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts"))

@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent / "client"))
 import test_thc_server as ts
 import thc_cluster as tc
 from byteps_thc import LhcAggregator, LhcCodec, LhcConfig, LhcDecodeError, ThcConfig
-from byteps_thc import lhc_reference as R
+from byteps_thc.lhc import reference as R
 
 pytestmark = pytest.mark.needs_fork("server")
 

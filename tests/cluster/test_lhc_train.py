@@ -7,8 +7,8 @@ under test:
 
 - both workers end bit-identical (averaged gradients of every step, final parameters);
 - every step's averaged gradient equals, bit for bit, the exact mean of the two workers'
-  quantised gradients, computed here from the NumPy reference (lhc_reference.encode's values q,
-  summed in int64, times 2^-e / 2, rounded once to float32), with the key the server's log
+  quantised gradients, computed here from the NumPy reference (byteps_thc.lhc.reference.encode's
+  values q, summed in int64, times 2^-e / 2, rounded once to float32), with the key the server's log
   names and the max |v| the local gradients give;
 - the loss curve stays within 1e-4 (relative) of an uncompressed run's: per coordinate the sum
   differs from the float sum by at most one unit 2^-e per worker, and 2^-e < 2 M 2^-30 for the
@@ -28,7 +28,7 @@ import pytest
 
 import test_compressor_flag as flag
 from byteps_thc import LhcConfig
-from byteps_thc import lhc_reference as R
+from byteps_thc.lhc import reference as R
 from test_launch_local import ROOT, pytestmark  # noqa: F401
 
 SCRIPT = os.path.join(ROOT, "tests", "cluster", "scripts", "lhc_embedding.py")
@@ -103,7 +103,7 @@ def check_exact_means(r, a, b, steps):
     """Every step's averaged gradient is the exact mean of the workers' quantised gradients."""
     key, capacity, seed, m = table_key(r.output)
     cfg = LhcConfig(capacity=capacity, seed=seed)
-    assert cfg.m_buckets(TABLE) == m  # the C++ sizing is lhc_config's
+    assert cfg.m_buckets(TABLE) == m  # the C++ sizing is byteps_thc.lhc.config's
     for step in range(steps):
         xs = [a["local"][step].ravel(), b["local"][step].ravel()]
         nnz = [int(np.count_nonzero(x)) for x in xs]

@@ -26,7 +26,7 @@ import thc_cluster as tc
 
 byteps_thc = pytest.importorskip("byteps_thc")
 from byteps_thc import ThcConfig  # noqa: E402
-from byteps_thc import reference as R  # noqa: E402
+from byteps_thc.thc import reference as R  # noqa: E402
 
 ROOT = tc.ROOT
 pytestmark = pytest.mark.needs_fork("server")  # the worker pipeline tests need torch's plugin too
@@ -347,7 +347,7 @@ def test_unknown_compressor_refused_server_stays_up(cluster, keyno, kwargs, why)
 
 # ---- the real worker pipeline ----------------------------------------------------------------
 def _key_seed(seed, key):
-    from byteps_thc.reference import splitmix64
+    from byteps_thc.thc.reference import splitmix64
     return splitmix64(seed ^ splitmix64(key ^ 0x7468635F6B657921))
 
 

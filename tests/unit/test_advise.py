@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 
 from byteps_thc import ThcConfig
-from byteps_thc import reference as R
 from byteps_thc.advisor import calibrate, cli, costs, host, models, replay, wire
 from byteps_thc.advisor.costs import LARGE_TENSOR_BYTES, HostCosts
 from byteps_thc.advisor.predict import Scenario, predict, predict_one, recommend
 from byteps_thc.advisor.wire import CompressorSpec, parse_spec
+from byteps_thc.thc import reference as R
 
 ZERO = HostCosts({k: 0.0 for k in costs.COST_KEYS}, "zero")
 # a host where every operation costs 1 ns per element and THC's encode/decode 5 ns

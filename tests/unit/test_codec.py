@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from byteps_thc import ThcAggregator, ThcCodec, ThcConfig
-from byteps_thc import reference as R
+from byteps_thc.thc import reference as R
 
 pytest.importorskip("byteps_thc._C")
 

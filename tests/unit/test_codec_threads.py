@@ -10,9 +10,9 @@ thread count and on every ISA, and errors are the ones a single thread reports.
 import numpy as np
 import pytest
 
-from byteps_thc import reference as R
-from byteps_thc.codec import ThcCodec
-from byteps_thc.config import ThcConfig
+from byteps_thc.thc import reference as R
+from byteps_thc.thc.codec import ThcCodec
+from byteps_thc.thc.config import ThcConfig
 
 _C = pytest.importorskip("byteps_thc._C")
 

@@ -3,7 +3,7 @@ import pytest
 
 from byteps_thc import compression as c
 from byteps_thc import env
-from byteps_thc.config import ThcConfig
+from byteps_thc.thc.config import ThcConfig
 
 
 def test_from_env_reads_what_bpslaunch_sets():

@@ -1,4 +1,4 @@
-"""The CUDA twins (csrc/thc/cuda via byteps_thc.cuda) against the NumPy reference and the CPU core.
+"""The CUDA twins (csrc/thc/cuda, byteps_thc.thc.cuda) against the NumPy reference and the CPU core.
 
 GPU tests are skipped where torch sees no CUDA device; the build checks (the extension built with
 CUDA imports and answers without a GPU or driver) run wherever the extension has the kernels.
@@ -12,8 +12,8 @@ import math
 import numpy as np
 import pytest
 
-from byteps_thc import reference as R
-from byteps_thc.config import ThcConfig, next_pow2
+from byteps_thc.thc import reference as R
+from byteps_thc.thc.config import ThcConfig, next_pow2
 
 torch = pytest.importorskip("torch")
 
@@ -23,7 +23,7 @@ try:
 except ImportError:  # extension not built
     _C, WITH_CUDA = None, False
 
-from byteps_thc import cuda as thc_cuda  # noqa: E402
+from byteps_thc.thc import cuda as thc_cuda  # noqa: E402
 
 needs_ext = pytest.mark.skipif(not WITH_CUDA, reason="byteps_thc._C built without CUDA")
 needs_gpu = pytest.mark.needs_gpu  # a CUDA device and the extension's kernels (conftest.py)
@@ -665,7 +665,7 @@ def test_emulated_huge_max_norm(emu):
 @pytest.mark.parametrize("d,kw", [(1000, {}), (40001, dict(fused_max_log=12, column_max_bits=2))])
 def test_emulated_nan_input(emu, d, kw):
     """A NaN gradient: the norm flags it as the input (the overflow bit that its NaN y also raises
-    is byteps_thc.cuda's to hide); an encode on that word writes nothing."""
+    is byteps_thc.thc.cuda's to hide); an encode on that word writes nothing."""
     k = emu
     cfg = ThcConfig(rotation_block=next_pow2(d))
     code = _emu_code(k, cfg, **kw)

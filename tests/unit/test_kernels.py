@@ -14,8 +14,8 @@ import types
 import numpy as np
 import pytest
 
-from byteps_thc import reference as R
-from byteps_thc.config import ThcConfig
+from byteps_thc.thc import reference as R
+from byteps_thc.thc.config import ThcConfig
 
 _C = pytest.importorskip("byteps_thc._C")
 

@@ -13,8 +13,8 @@ import time
 import pytest
 
 from byteps_thc import launch
-from byteps_thc.config import ThcConfig
 from byteps_thc.launch import local
+from byteps_thc.thc.config import ThcConfig
 
 PY = sys.executable
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(launch.__file__))))

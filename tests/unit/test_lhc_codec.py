@@ -1,15 +1,16 @@
 """The public LHC API (LhcConfig, LhcCodec, LhcAggregator, LhcDecodeError): shape, errors, state.
 
-Every test runs on both backends of byteps_thc.lhc_codec: the C++ core (when _C is built with
+Every test runs on both backends of byteps_thc.lhc.codec: the C++ core (when _C is built with
 it) and the NumPy reference it falls back to; test_lhc_kernels.py holds the core to the
 reference bit for bit.
 """
 import numpy as np
 import pytest
 
-from byteps_thc import LhcAggregator, LhcCodec, LhcConfig, LhcDecodeError, lhc_codec
-from byteps_thc import lhc_reference as R
-from byteps_thc.lhc_config import PEELING_THRESHOLD, buckets_for
+from byteps_thc import LhcAggregator, LhcCodec, LhcConfig, LhcDecodeError
+from byteps_thc.lhc import codec as lhc_codec
+from byteps_thc.lhc import reference as R
+from byteps_thc.lhc.config import PEELING_THRESHOLD, buckets_for
 
 CORE = lhc_codec._CORE  # the core module, or None (before any test patches it)
 BACKENDS = ["reference"] + (["core"] if lhc_codec.backend() == "core" else [])

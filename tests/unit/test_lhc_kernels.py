@@ -9,8 +9,8 @@ the values the exact fallback resends.
 import numpy as np
 import pytest
 
-from byteps_thc import lhc_reference as R
-from byteps_thc.lhc_config import LhcConfig, LhcDecodeError
+from byteps_thc.lhc import reference as R
+from byteps_thc.lhc.config import LhcConfig, LhcDecodeError
 
 _C = pytest.importorskip("byteps_thc._C")
 if not hasattr(_C, "LhcEncoder"):

@@ -1,4 +1,4 @@
-"""The LHC reference (byteps_thc.lhc_reference) against the mathematics (docs/LHC.md).
+"""The LHC reference (byteps_thc.lhc.reference) against the mathematics (docs/LHC.md).
 
 The figures: peeling a 3-uniform hypergraph of N edges on m vertices (three sub-tables of m/3)
 succeeds w.h.p. below the load c_3 = 0.8185; above it the fraction of edges left in the 2-core
@@ -11,8 +11,8 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from byteps_thc import lhc_reference as R
-from byteps_thc.lhc_config import LhcConfig, LhcDecodeError, buckets_for
+from byteps_thc.lhc import reference as R
+from byteps_thc.lhc.config import LhcConfig, LhcDecodeError, buckets_for
 
 D = 1 << 24  # index space of the synthetic supports
 

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from byteps_thc import ThcConfig
-from byteps_thc import reference as R
+from byteps_thc.thc import reference as R
 
 
 def test_hadamard_is_its_own_inverse_up_to_B():

@@ -4,8 +4,8 @@ import itertools
 import numpy as np
 import pytest
 
-from byteps_thc import tables
-from byteps_thc.tables import expected_error, solve_table
+from byteps_thc.thc import tables
+from byteps_thc.thc.tables import expected_error, solve_table
 
 REFERENCE = [
     ((4, 30, 1 / 32), [0, 3, 5, 7, 9, 11, 13, 14, 16, 17, 19, 21, 23, 25, 27, 30]),

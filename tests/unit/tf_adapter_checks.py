@@ -23,7 +23,7 @@ import numpy as np
 import tensorflow as tf
 
 from byteps_thc import tensorflow as btf
-from byteps_thc.config import ThcConfig
+from byteps_thc.thc.config import ThcConfig
 
 # ---- stand-in for byteps.tensorflow.ops: two workers holding the same tensors ------------------
 calls, declared = [], []
