@@ -7,7 +7,8 @@ for BytePS.
 Each codec is a package: byteps_thc.thc (its C++ core is csrc/thc, bound as byteps_thc._C;
 byteps_thc.thc.reference is the plain NumPy definition it is tested against, docs/ALGORITHM.md)
 and byteps_thc.lhc (csrc/lhc when _C is built, else its NumPy reference byteps_thc.lhc.reference,
-which the core equals bit for bit; docs/LHC.md).
+which the core equals bit for bit; docs/LHC.md). What both share (the hashes, the checks of
+their inputs, their configurations' environment) is written once, in byteps_thc.common.
 """
 from . import lhc, thc
 from .lhc import LhcConfig, LhcDecodeError

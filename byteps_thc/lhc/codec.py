@@ -17,12 +17,11 @@ that names it; an overloaded sketch is an LhcDecodeError, never a wrong value.
 """
 from __future__ import annotations
 
-import math
-import sys
 from typing import Any, Optional
 
 import numpy as np
 
+from ..common import inputs
 from . import reference as R
 from .config import LhcConfig, LhcDecodeError
 
@@ -34,69 +33,18 @@ except ImportError:  # the extension is not built: the reference does the work
 
 __all__ = ["LhcCodec", "LhcAggregator", "LhcDecodeError", "backend"]
 
-_CONVERTIBLE = ("float16", "bfloat16", "float64")
-
-
 def backend() -> str:
     """'core' when the C++ core runs the codec, 'reference' when NumPy does."""
     return "core" if _CORE is not None else "reference"
 
 
-def _check_int(name: str, value: Any, lo: int, hi: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise ValueError(f"{name}={value!r} must be an integer")
-    if not lo <= int(value) <= hi:
-        raise ValueError(f"{name}={value} must be in [{lo}, {hi}]")
-    return int(value)
-
-
-def _check_config(cfg: Any) -> LhcConfig:
-    if not isinstance(cfg, LhcConfig):
-        raise ValueError(f"cfg must be an LhcConfig, got {type(cfg).__name__}")
-    return cfg
-
-
-def _check_max_abs(value: Any) -> float:
-    torch = sys.modules.get("torch")
-    if torch is not None and isinstance(value, torch.Tensor):
-        if value.numel() != 1:
-            raise ValueError(f"max_abs must be a scalar, got a tensor of {value.numel()} elements")
-        value = value.item()
-    try:
-        m = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"max_abs={value!r} must be a number") from None
-    if not math.isfinite(m) or m < 0:
-        raise ValueError(f"max_abs={m!r} must be finite and >= 0")
-    return m
-
-
-def _to_numpy(x: Any, what: str) -> np.ndarray:
-    torch = sys.modules.get("torch")  # a tensor can only exist if torch was imported
-    if torch is not None and isinstance(x, torch.Tensor):
-        if x.is_cuda:
-            raise ValueError(f"{what} is a CUDA tensor; the LHC codec runs on the CPU: pass "
-                             f"{what}.cpu()")
-        if x.dtype == torch.bfloat16:
-            x = x.float()
-        return x.detach().contiguous().numpy()
-    if isinstance(x, (bytes, bytearray, memoryview)):
-        return np.frombuffer(x, dtype=np.uint8)
-    return np.asarray(x)
+def _cpu_only(what: str):
+    raise ValueError(f"{what} is a CUDA tensor; the LHC codec runs on the CPU: pass {what}.cpu()")
 
 
 def _float_vector(x: Any, size: int) -> np.ndarray:
-    a = _to_numpy(x, "x")
-    if a.dtype.name != "float32":
-        if a.dtype.name not in _CONVERTIBLE:
-            raise ValueError(f"x has dtype {a.dtype.name}; expected float32 "
-                             f"(or {', '.join(_CONVERTIBLE)}, which are converted)")
-        a = a.astype(np.float32)
-    if a.ndim != 1:
-        raise ValueError(f"x must be 1-D, got shape {tuple(a.shape)}")
-    if a.size != size:
-        raise ValueError(f"x has {a.size} elements, but this codec's partition has size={size}")
-    a = np.ascontiguousarray(a)
+    """x as float32[size]; LHC's fixed point needs every value finite."""
+    a = inputs.float_vector(x, "x", size, _cpu_only)
     if not np.all(np.isfinite(a)):
         raise ValueError(f"x contains NaN or Inf (first at index "
                          f"{int(np.flatnonzero(~np.isfinite(a))[0])})")
@@ -104,22 +52,19 @@ def _float_vector(x: Any, size: int) -> np.ndarray:
 
 
 def _payload(p: Any, what: str, nbytes: int) -> np.ndarray:
-    a = _to_numpy(p, what)
-    if a.dtype != np.uint8 or a.ndim != 1:
-        raise ValueError(f"{what} must be a 1-D uint8 array, got {a.dtype.name} "
-                         f"{tuple(a.shape)}")
+    a = inputs.int_vector(p, what, ("uint8",), _cpu_only)
     if a.size != nbytes:
         raise ValueError(f"{what} has {a.size} bytes; this partition's payloads have {nbytes}")
-    return np.ascontiguousarray(a)
+    return a
 
 
 class _Partition:
     """What a codec and an aggregator of one partition share: geometry, seed, fingerprint."""
 
     def __init__(self, cfg, size, key):
-        self.config = _check_config(cfg)
-        self.size = _check_int("size", size, 1, 1 << 32)
-        self.key = _check_int("key", key, 0, (1 << 64) - 1)
+        self.config = inputs.check_type("cfg", cfg, LhcConfig, "an LhcConfig")
+        self.size = inputs.check_int("size", size, 1, 1 << 32)
+        self.key = inputs.check_int("key", key, 0, (1 << 64) - 1)
         self.m_buckets = cfg.m_buckets(self.size)
         self.geometry = R.geometry(self.size, self.m_buckets)
         self.payload_bytes = self.geometry.payload_bytes
@@ -137,7 +82,7 @@ class LhcCodec(_Partition):
 
     def __init__(self, cfg: LhcConfig, size: int, rank: int = 0, key: int = 0):
         super().__init__(cfg, size, key)
-        self.rank = _check_int("rank", rank, 0, R.MAX_WORKERS)
+        self.rank = inputs.check_int("rank", rank, 0, R.MAX_WORKERS)
         self._ef = cfg.error_feedback and cfg.topk is not None
         if _CORE is not None:
             self._enc = _CORE.LhcEncoder(self.size, self.m_buckets, self.partition_seed,
@@ -158,7 +103,7 @@ class LhcCodec(_Partition):
 
     @step.setter
     def step(self, value: int) -> None:
-        value = _check_int("step", value, 0, (1 << 40) - 1)
+        value = inputs.check_int("step", value, 0, (1 << 40) - 1)
         if _CORE is not None:
             self._enc.step = value
         else:
@@ -188,8 +133,8 @@ class LhcCodec(_Partition):
         """The payload (payload_bytes uint8) on the scale of the max round's max_abs and n.
         Advances the step; on error nothing changes."""
         xv = _float_vector(x, self.size)
-        m = _check_max_abs(max_abs)
-        n = _check_int("num_workers", num_workers, 1, R.MAX_WORKERS)
+        m = inputs.check_scale("max_abs", max_abs)
+        n = inputs.check_int("num_workers", num_workers, 1, R.MAX_WORKERS)
         if _CORE is not None:
             return self._enc.encode(xv, m, n)
         payload, res, idx, q = R.encode(self.config, xv, m, n, self.m_buckets, self.rank,
@@ -201,8 +146,8 @@ class LhcCodec(_Partition):
     def decode(self, total, max_abs, num_workers: int) -> np.ndarray:
         """The exact mean of the `num_workers` workers' quantised inputs (float32[size]) from
         the aggregated payload. Raises LhcDecodeError when peeling fails. Repeatable."""
-        m = _check_max_abs(max_abs)
-        n = _check_int("num_workers", num_workers, 1, R.MAX_WORKERS)
+        m = inputs.check_scale("max_abs", max_abs)
+        n = inputs.check_int("num_workers", num_workers, 1, R.MAX_WORKERS)
         t = _payload(total, "total", self.payload_bytes)
         if _CORE is not None:
             out, unresolved, rounds, union = _CORE.lhc_decode(
@@ -239,12 +184,12 @@ class LhcCodec(_Partition):
         if not isinstance(error, LhcDecodeError) or error.partial is None \
                 or np.asarray(error.partial).size != self.size:
             raise ValueError("error must be the LhcDecodeError of this codec's decode()")
-        s = _to_numpy(summed, "summed")
+        s = inputs.to_numpy(summed, "summed", _cpu_only)
         if s.dtype.kind not in "iu" or s.shape != (len(error.unresolved),):
             raise ValueError(f"summed must be {len(error.unresolved)} integers (one per "
                              f"unresolved index), got {s.dtype.name} {tuple(s.shape)}")
-        m = _check_max_abs(max_abs)
-        n = _check_int("num_workers", num_workers, 1, R.MAX_WORKERS)
+        m = inputs.check_scale("max_abs", max_abs)
+        n = inputs.check_int("num_workers", num_workers, 1, R.MAX_WORKERS)
         return R.complete(error.partial, error.unresolved, s.astype(np.int32), m, n)
 
 
@@ -254,7 +199,7 @@ class LhcAggregator(_Partition):
 
     def __init__(self, cfg: LhcConfig, size: int, num_workers: int, key: int = 0):
         super().__init__(cfg, size, key)
-        self.num_workers = _check_int("num_workers", num_workers, 1, R.MAX_WORKERS)
+        self.num_workers = inputs.check_int("num_workers", num_workers, 1, R.MAX_WORKERS)
         if _CORE is not None:
             self._agg = _CORE.LhcAggregator(self.size, self.m_buckets, self.partition_seed,
                                             self.num_workers)

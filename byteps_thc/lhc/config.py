@@ -8,11 +8,12 @@ rule (`buckets_for`) lives here and nowhere else.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import math
 from typing import Mapping, Optional
 
 from .. import env
+from ..common.hashes import digest64
+from ..common.settings import config_from_env, config_to_env
 
 # Peeling threshold of a 3-uniform hypergraph (spec §3): peeling succeeds w.h.p. below N/m = c_3.
 PEELING_THRESHOLD = 0.8185
@@ -108,25 +109,12 @@ class LhcConfig:
     def from_env(cls, environ: Optional[Mapping[str, str]] = None) -> "LhcConfig":
         """The configuration `bpslaunch --lhc-*` set (env.LHC: BYTEPS_LHC_*); LhcConfig's defaults
         for what is unset. A value that does not parse raises with the variable named."""
-        return cls(**{field: setting.get(environ) for field, setting in env.LHC.items()
-                      if setting.is_set(environ)})
+        return config_from_env(cls, env.LHC, environ)
 
     def to_env(self) -> dict:
         """The variables that choose LHC with this configuration (launcher side):
         BYTEPS_COMPRESSOR and every BYTEPS_LHC_*, in the text their parsers read back."""
-        out = {env.COMPRESSOR.name: "lhc"}
-        for field, setting in env.LHC.items():
-            value = getattr(self, field)
-            if isinstance(value, bool):
-                text = "1" if value else "0"
-            elif value is None:
-                text = "0"  # topk: 0 reads back as None, no sparsifier
-            elif isinstance(value, str):
-                text = value
-            else:
-                text = repr(value)  # int as is; float round-trips exactly
-            out[setting.name] = text
-        return out
+        return config_to_env(self, "lhc", env.LHC)
 
     @classmethod
     def from_kwargs(cls, kwargs) -> "LhcConfig":
@@ -144,7 +132,7 @@ class LhcConfig:
         (topk and error feedback are per worker. Each payload also carries the core's digest of
         its geometry and partition seed, byteps_thc.lhc.reference.fingerprint.)"""
         text = f"lhc;capacity={self.capacity};seed={self.seed}"
-        return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little")
+        return digest64(text)
 
     def describe(self) -> str:
         topk = "off" if self.topk is None else f"{self.topk:g} ({self.topk_method})"

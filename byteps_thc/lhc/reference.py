@@ -19,11 +19,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..thc.reference import hash32, splitmix64
+from ..common.hashes import M32, M64, hash32, splitmix64, splitmix64_v
 from .config import LhcConfig, LhcDecodeError
 
-M64 = (1 << 64) - 1
-M32 = (1 << 32) - 1
 INT32_MAX = (1 << 31) - 1
 MAGIC = 0x3143484C  # "LHC1"
 VERSION = 1
@@ -40,14 +38,7 @@ _TAG_SAMPLE = 0x4C48435F53414D50
 _TAG_FP = 0x4C48435F46505249
 
 
-# -- keys and streams ----------------------------------------------------------------------------
-def splitmix64_v(x: np.ndarray) -> np.ndarray:
-    z = np.asarray(x, dtype=np.uint64) + np.uint64(0x9E3779B97F4A7C15)
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return z ^ (z >> np.uint64(31))
-
-
+# -- keys and streams (splitmix64, splitmix64_v, hash32: byteps_thc.common.hashes) -------------
 def partition_seed(seed: int, key: int = 0) -> int:
     """The seed of one partition: the shared seed mixed with the partition's key."""
     return splitmix64(seed ^ splitmix64((key ^ _TAG_KEY) & M64))

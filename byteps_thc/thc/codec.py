@@ -17,19 +17,15 @@ tensor is passed. Every error is a ValueError that says what was wrong; nothing 
 from __future__ import annotations
 
 import functools
-import math
-import sys
-from typing import Any, Optional
+from typing import Optional
 
 import numpy as np
 
 from .. import _C
+from ..common import inputs
 from .config import ThcConfig
 
 __all__ = ["ThcCodec", "ThcAggregator", "active_isa", "force_isa"]
-
-_CONVERTIBLE = ("float16", "bfloat16", "float64")
-
 
 def active_isa() -> str:
     """The CPU instruction set the kernels use: 'avx512', 'avx2' or 'portable'."""
@@ -45,46 +41,6 @@ def force_isa(name: str) -> bool:
 _core_config = functools.lru_cache(maxsize=64)(_C.core_config)
 
 
-def _check_config(cfg: Any) -> ThcConfig:
-    if not isinstance(cfg, ThcConfig):
-        raise ValueError(f"cfg must be a ThcConfig, got {type(cfg).__name__}")
-    return cfg
-
-
-def _check_int(name: str, value: Any, lo: int, hi: Optional[int] = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise ValueError(f"{name}={value!r} must be an integer")
-    value = int(value)
-    if value < lo or (hi is not None and value > hi):
-        bound = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
-        raise ValueError(f"{name}={value} must be {bound}")
-    return value
-
-
-def _check_norm(max_norm: Any) -> float:
-    if _is_torch_tensor(max_norm):
-        if max_norm.numel() != 1:
-            raise ValueError("max_norm must be a scalar, "
-                             f"got a tensor of {max_norm.numel()} elements")
-        max_norm = max_norm.item()
-    try:
-        m = float(max_norm)
-    except (TypeError, ValueError):
-        raise ValueError(f"max_norm={max_norm!r} must be a number") from None
-    if math.isnan(m):
-        raise ValueError("max_norm is NaN")
-    if math.isinf(m):
-        raise ValueError(f"max_norm is {m} (must be finite)")
-    if m < 0:
-        raise ValueError(f"max_norm={m} must be >= 0")
-    return m
-
-
-def _is_torch_tensor(x: Any) -> bool:
-    torch = sys.modules.get("torch")  # a tensor can only exist if torch was imported
-    return torch is not None and isinstance(x, torch.Tensor)
-
-
 def _cuda_unavailable(what: str):
     """The one place a CUDA tensor reaches this CPU codec (the hook for a device dispatch)."""
     if getattr(_C, "with_cuda", False):
@@ -94,50 +50,6 @@ def _cuda_unavailable(what: str):
     raise ValueError(
         f"{what} is a CUDA tensor, but byteps_thc._C was built without CUDA (nvcc was not found "
         "at build time); pass a CPU tensor, or rebuild with THC_CUDA=1 on a machine with nvcc")
-
-
-def _float_vector(x: Any, what: str, size: int) -> np.ndarray:
-    """x as a 1-D C-contiguous float32 NumPy array of `size` elements (converting if needed)."""
-    if _is_torch_tensor(x):
-        if x.is_cuda:
-            _cuda_unavailable(what)  # the CUDA dispatch goes here when _C.with_cuda
-        name = str(x.dtype).replace("torch.", "")
-        if name != "float32":
-            if name not in _CONVERTIBLE:
-                raise ValueError(f"{what} has dtype {name}; expected float32 "
-                                 f"(or {', '.join(_CONVERTIBLE)}, which are converted)")
-            x = x.float()
-        x = x.detach().contiguous().numpy()
-    else:
-        x = np.asarray(x)
-        name = x.dtype.name
-        if name != "float32":
-            if name not in _CONVERTIBLE:
-                raise ValueError(f"{what} has dtype {name}; expected float32 "
-                                 f"(or {', '.join(_CONVERTIBLE)}, which are converted)")
-            x = x.astype(np.float32)
-    if x.ndim != 1:
-        raise ValueError(f"{what} must be 1-D, got shape {tuple(x.shape)}")
-    if x.size != size:
-        raise ValueError(f"{what} has {x.size} elements, "
-                         f"but this codec's partition has size={size}")
-    return np.ascontiguousarray(x, dtype=np.float32)
-
-
-def _int_vector(x: Any, what: str, dtypes: tuple) -> np.ndarray:
-    if _is_torch_tensor(x):
-        if x.is_cuda:
-            _cuda_unavailable(what)
-        x = x.detach().contiguous().cpu().numpy()
-    elif isinstance(x, (bytes, bytearray, memoryview)):
-        x = np.frombuffer(x, dtype=np.uint8)
-    else:
-        x = np.asarray(x)
-    if x.dtype.name not in dtypes:
-        raise ValueError(f"{what} has dtype {x.dtype.name}; expected {' or '.join(dtypes)}")
-    if x.ndim != 1:
-        raise ValueError(f"{what} must be 1-D, got shape {tuple(x.shape)}")
-    return np.ascontiguousarray(x)
 
 
 class ThcCodec:
@@ -152,9 +64,9 @@ class ThcCodec:
     """
 
     def __init__(self, cfg: ThcConfig, size: int, rank: int = 0, threads: int = 1):
-        self.config = _check_config(cfg)
-        self.size = _check_int("size", size, 1, _C.MAX_SIZE)
-        self.rank = _check_int("rank", rank, 0, _C.MAX_RANK)
+        self.config = inputs.check_type("cfg", cfg, ThcConfig, "a ThcConfig")
+        self.size = inputs.check_int("size", size, 1, _C.MAX_SIZE)
+        self.rank = inputs.check_int("rank", rank, 0, _C.MAX_RANK)
         self._core = _core_config(cfg)
         self._enc = _C.Encoder(self._core, self.size, self.rank, cfg.error_feedback)
         self.threads = threads
@@ -175,7 +87,7 @@ class ThcCodec:
 
     @threads.setter
     def threads(self, value: int) -> None:
-        self._enc.threads = _check_int("threads", value, 1, _C.MAX_THREADS)
+        self._enc.threads = inputs.check_int("threads", value, 1, _C.MAX_THREADS)
 
     @property
     def step(self) -> int:
@@ -183,7 +95,7 @@ class ThcCodec:
 
     @step.setter
     def step(self, value: int) -> None:
-        value = _check_int("step", value, 0, _C.MAX_STEP)
+        value = inputs.check_int("step", value, 0, _C.MAX_STEP)
         if self._device is not None:
             self._device.step = value
         self._enc.step = value
@@ -206,7 +118,7 @@ class ThcCodec:
     def _on_device(self, x, what: str):
         """The CUDA twin of this codec when x is a CUDA tensor (created on first use, with this
         codec's step and residual moved over), else None. Everything then stays on the device."""
-        if not (_is_torch_tensor(x) and x.is_cuda):
+        if not (inputs.is_torch_tensor(x) and x.is_cuda):
             return None
         if not getattr(_C, "with_cuda", False):
             _cuda_unavailable(what)
@@ -233,7 +145,7 @@ class ThcCodec:
         dev = self._on_device(x, "x")
         if dev is not None:
             return dev.norm(x)
-        return self._enc.norm(_float_vector(x, "x", self.size))
+        return self._enc.norm(inputs.float_vector(x, "x", self.size, _cuda_unavailable))
 
     def encode(self, x, max_norm, out: Optional[np.ndarray] = None) -> np.ndarray:
         """The packed b-bit indices (payload_bytes uint8). Advances the step; on error nothing
@@ -242,30 +154,31 @@ class ThcCodec:
         dev = self._on_device(x, "x")
         if dev is not None:
             return dev.encode(x, max_norm, out)
-        xv = _float_vector(x, "x", self.size)
-        return self._enc.encode(xv, _check_norm(max_norm), out)
+        xv = inputs.float_vector(x, "x", self.size, _cuda_unavailable)
+        return self._enc.encode(xv, inputs.check_scale("max_norm", max_norm), out)
 
     def decode(self, sums, max_norm, num_workers: int,
                out: Optional[np.ndarray] = None) -> np.ndarray:
         """The estimate of the mean input of `num_workers` workers from the aggregated sums
         (`padded` lanes, as ThcAggregator.result() gives). `out`: an optional float32 array of
         size elements to write into; it is returned."""
-        n = _check_int("num_workers", num_workers, 1, _C.MAX_WORKERS)
+        n = inputs.check_int("num_workers", num_workers, 1, _C.MAX_WORKERS)
         self.config.lane_bits(n)  # raises when n*g overflows a 32-bit lane
         dev = self._on_device(sums, "sums")
         if dev is not None:
             return dev.decode(sums, max_norm, n, out)
-        s = _int_vector(sums, "sums", ("uint8", "uint16", "uint32"))
-        return _C.decode(self._core, self.size, s, n, _check_norm(max_norm), out, self.threads)
+        s = inputs.int_vector(sums, "sums", ("uint8", "uint16", "uint32"), _cuda_unavailable)
+        m = inputs.check_scale("max_norm", max_norm)
+        return _C.decode(self._core, self.size, s, n, m, out, self.threads)
 
 
 class ThcAggregator:
     """The server side for one partition: sums of table values of `num_workers` payloads."""
 
     def __init__(self, cfg: ThcConfig, size: int, num_workers: int):
-        self.config = _check_config(cfg)
-        self.size = _check_int("size", size, 1, _C.MAX_SIZE)
-        self.num_workers = _check_int("num_workers", num_workers, 1, _C.MAX_WORKERS)
+        self.config = inputs.check_type("cfg", cfg, ThcConfig, "a ThcConfig")
+        self.size = inputs.check_int("size", size, 1, _C.MAX_SIZE)
+        self.num_workers = inputs.check_int("num_workers", num_workers, 1, _C.MAX_WORKERS)
         self.lane_bits = cfg.lane_bits(self.num_workers)  # raises on overflow-prone settings
         self._agg = _C.Aggregator(_core_config(cfg), self.size, self.num_workers)
         self.payload_bytes = self._agg.geometry["payload_bytes"]
@@ -282,7 +195,7 @@ class ThcAggregator:
         return self._device.count if self._device is not None else self._agg.count
 
     def add(self, payload) -> None:
-        if _is_torch_tensor(payload) and payload.is_cuda:
+        if inputs.is_torch_tensor(payload) and payload.is_cuda:
             if not getattr(_C, "with_cuda", False):
                 _cuda_unavailable("payload")
             if self._device is None:
@@ -297,7 +210,7 @@ class ThcAggregator:
             return
         if self._device is not None:
             raise ValueError("this aggregator sums on the GPU: pass CUDA payloads")
-        self._agg.add(_int_vector(payload, "payload", ("uint8",)))
+        self._agg.add(inputs.int_vector(payload, "payload", ("uint8",), _cuda_unavailable))
 
     def result(self):
         """The sums: `padded` lanes of uint8 / uint16 / uint32 (lane width by n*g); a NumPy copy,

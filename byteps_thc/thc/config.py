@@ -9,11 +9,12 @@ Every worker and the server must hold the same configuration; `fingerprint()` is
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import math
 from typing import Mapping, Optional
 
 from .. import env
+from ..common.hashes import digest64
+from ..common.settings import config_from_env, config_to_env
 from .tables import _check, clip_threshold, expected_error, solve_table
 
 _LANE_MAX = {8: 0xFF, 16: 0xFFFF, 32: 0xFFFFFFFF}
@@ -133,23 +134,12 @@ class ThcConfig:
     def from_env(cls, environ: Optional[Mapping[str, str]] = None) -> "ThcConfig":
         """The configuration `bpslaunch --thc-*` set (env.THC: BYTEPS_THC_*); ThcConfig's defaults
         for what is unset. A value that does not parse raises with the variable named."""
-        return cls(**{field: setting.get(environ) for field, setting in env.THC.items()
-                      if setting.is_set(environ)})
+        return config_from_env(cls, env.THC, environ)
 
     def to_env(self) -> dict:
         """The variables that choose THC with this configuration (launcher side): BYTEPS_COMPRESSOR
         and every BYTEPS_THC_*, in the text their parsers in byteps_thc.env read back."""
-        out = {env.COMPRESSOR.name: "thc"}
-        for field, setting in env.THC.items():
-            value = getattr(self, field)
-            if isinstance(value, bool):
-                text = "1" if value else "0"
-            elif value is None:
-                text = "0"  # rotation_block: 0 reads back as None, the default per partition
-            else:
-                text = repr(value)  # int as is; float round-trips exactly
-            out[setting.name] = text
-        return out
+        return config_to_env(self, "thc", env.THC)
 
     def to_kwargs(self) -> dict:
         """BytePS compressor kwargs (strings): the worker declares them, the server reads them.
@@ -194,7 +184,7 @@ class ThcConfig:
         kw = self.to_kwargs()
         kw.pop("thc_error_feedback")
         text = ";".join(f"{k}={kw[k]}" for k in sorted(kw))
-        return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little")
+        return digest64(text)
 
     def describe(self) -> str:
         err = self.expected_error()["total"]

@@ -12,32 +12,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..common.hashes import M32, M64, hash32, splitmix64
 from .config import AUTO_MIN_BLOCK, AUTO_PAD_DEN, AUTO_PAD_NUM, TILE_ALIGN, ThcConfig, next_pow2
 
-M64 = (1 << 64) - 1
-M32 = (1 << 32) - 1
 F32 = np.float32
 
 
-# -- random streams ------------------------------------------------------------------------------
-def splitmix64(x: int) -> int:
-    z = (x + 0x9E3779B97F4A7C15) & M64
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & M64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & M64
-    return z ^ (z >> 31)
-
-
-def hash32(x: np.ndarray) -> np.ndarray:
-    """lowbias32 on a uint32 array (wrapping arithmetic)."""
-    x = np.asarray(x, dtype=np.uint32).copy()
-    x ^= x >> np.uint32(16)
-    x *= np.uint32(0x7FEB352D)
-    x ^= x >> np.uint32(15)
-    x *= np.uint32(0x846CA68B)
-    x ^= x >> np.uint32(16)
-    return x
-
-
+# -- random streams (splitmix64 and hash32: byteps_thc.common.hashes) ---------------------------
 def sign_key(seed: int) -> int:
     return splitmix64(seed) & M32
 
