@@ -21,81 +21,49 @@ from __future__ import annotations
 
 from typing import Mapping, Optional
 
+from . import codecs, env
 from . import compression as _c
-from . import env
-from .compression import THC_PARAMS, thc_config, thc_kwargs, thc_repr
-from .lhc import LhcConfig
-from .lhc_compression import LHC_PARAMS, lhc_config, lhc_kwargs, lhc_repr
-from .thc import ThcConfig
 
 
-class ThcCompression:
-    """THC for MXNet: the kwargs each large float parameter's gradient is declared with."""
-    name = "thc"
+class CodecCompression:
+    """A homomorphic codec for MXNet (`codec`: its entry of byteps_thc.codecs): the kwargs each
+    large float parameter's gradient is declared with, the same as every framework's."""
+    codec: codecs.Codec
 
-    def __init__(self, config: ThcConfig):
-        self.config = thc_config(config=config)
+    def __init__(self, config):
+        self.config = self.codec.config(config=config)
 
     def kwargs(self) -> dict:
-        return thc_kwargs(self.config)
+        return self.codec.kwargs(self.config)
 
     def __repr__(self):
-        return thc_repr(self.config)
+        return self.codec.repr(self.config)
 
 
-class LhcCompression:
-    """LHC for MXNet: the kwargs each large float parameter's gradient is declared with (the
-    same door as THC's, the same kwargs as every framework's)."""
-    name = "lhc"
-
-    def __init__(self, config: LhcConfig):
-        self.config = lhc_config(config=config)
-
-    def kwargs(self) -> dict:
-        return lhc_kwargs(self.config)
-
-    def __repr__(self):
-        return lhc_repr(self.config)
-
-
-def lhc(config: Optional[LhcConfig] = None, **params) -> LhcCompression:
-    """LHC with a ready `config`, or with `params` (LhcConfig's fields)."""
-    return LhcCompression(lhc_config(config, **params))
-
-
-def thc(config: Optional[ThcConfig] = None, **params) -> ThcCompression:
-    """THC with a ready `config`, or with `params` (ThcConfig's fields; its defaults for the
-    others)."""
-    return ThcCompression(thc_config(config, **params))
+_CLASSES = {c.name: type(f"{c.name.capitalize()}Compression", (CodecCompression,),
+                         {"codec": c, "name": c.name, "__doc__": f"{c.summary}, for MXNet."})
+            for c in codecs.CODECS.values()}
+ThcCompression = _CLASSES["thc"]
+LhcCompression = _CLASSES["lhc"]
 
 
 def from_params(compression_params: Optional[Mapping]):
-    """THC or LHC from upstream-style `compression_params` ({"compressor": "thc", "bits": 4, ...},
-    {"compressor": "lhc", "capacity": 4096})."""
-    if compression_params and compression_params.get("compressor") == "lhc":
-        unknown = set(compression_params) - {"compressor", *LHC_PARAMS}
-        if unknown:
-            raise ValueError(f"compression_params for lhc: unknown keys {sorted(unknown)}; "
-                             f"known: {list(LHC_PARAMS)}")
-        return lhc(**{k: v for k, v in compression_params.items() if k != "compressor"})
-    if not compression_params or compression_params.get("compressor") != "thc":
+    """A codec's compression from upstream-style `compression_params` ({"compressor": "thc",
+    "bits": 4, ...}, {"compressor": "lhc", "capacity": 4096}); None for BytePS's own."""
+    name = (compression_params or {}).get("compressor")
+    if name not in codecs.CODECS:
         return None
-    unknown = set(compression_params) - {"compressor", *THC_PARAMS}
-    if unknown:
-        raise ValueError(f"compression_params for thc: unknown keys {sorted(unknown)}; "
-                         f"known: {list(THC_PARAMS)}")
-    return thc(**{k: v for k, v in compression_params.items() if k != "compressor"})
+    return _CLASSES[name](codecs.CODECS[name].from_params(compression_params))
 
 
 def from_env(environ: Optional[Mapping[str, str]] = None):
-    """THC or LHC when `bpslaunch --compressor thc|lhc` chose it (BYTEPS_COMPRESSOR,
-    BYTEPS_THC_*, BYTEPS_LHC_*); None for anything else (BytePS's own compressors are chosen with
+    """A codec's compression when `bpslaunch --compressor thc|lhc` chose it (BYTEPS_COMPRESSOR
+    and the codec's settings); None for anything else (BytePS's own compressors are chosen with
     compression_params)."""
-    if env.COMPRESSOR.get(environ) == "lhc":
-        return LhcCompression(LhcConfig.from_env(environ))
-    if env.COMPRESSOR.get(environ) != "thc":
+    name = env.COMPRESSOR.get(environ)
+    if name not in codecs.CODECS:
         return None
-    return ThcCompression(ThcConfig.from_env(environ))
+    return _CLASSES[name](codecs.CODECS[name].from_env(environ))
 
 
 class UpstreamChoice:
@@ -141,7 +109,7 @@ def _make_trainer():
         choice = choose(compression, compression_params)
         chosen = choice.compressor
         _c.warn_conflict(choice, rank())
-        thc = isinstance(chosen, (ThcCompression, LhcCompression))  # our kwargs on each param
+        thc = isinstance(chosen, CodecCompression)  # our kwargs on each param
         if not thc:
             compression_params = chosen.params or None
         gated = chosen.name not in ("none", "fp16")  # registry compressors: size-gated
@@ -175,12 +143,25 @@ def _make_trainer():
     return cls
 
 
+def _constructor(codec: codecs.Codec):
+    def make(config=None, **params):
+        return _CLASSES[codec.name](codec.config(config, **params))
+    make.__name__ = make.__qualname__ = codec.name
+    make.__doc__ = (f"{codec.summary}; with a ready `config`, or with `params` "
+                    f"({codec.config_class.__name__}'s fields; its defaults for the others).")
+    return make
+
+
 class Compression:
-    """THC and LHC for byteps.mxnet (BytePS's own compressors are chosen with
-    compression_params)."""
-    thc = staticmethod(thc)
-    lhc = staticmethod(lhc)
+    """The homomorphic codecs for byteps.mxnet, `Compression.thc(...)`, `Compression.lhc(...)`
+    (BytePS's own compressors are chosen with compression_params)."""
     from_env = staticmethod(from_env)
+
+
+for _codec in codecs.CODECS.values():
+    setattr(Compression, _codec.name, staticmethod(_constructor(_codec)))
+thc = Compression.thc
+lhc = Compression.lhc
 
 
 def __getattr__(name):  # DistributedTrainer needs mxnet and byteps.mxnet: built on first use

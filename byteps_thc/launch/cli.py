@@ -1,8 +1,9 @@
 """bpslaunch's command line: the flags, their checks, and the environment they give the workers.
 
 The compression flags only add environment (byteps_thc.env names it): the workers' side
-(byteps_thc.thc.config, byteps_thc.torch...) reads it back. THC's variables are written by
-ThcConfig.to_env(), the one serialisation of a THC configuration; LHC's by LhcConfig.to_env().
+(byteps_thc.thc.config, byteps_thc.torch...) reads it back. Each homomorphic codec of
+byteps_thc.codecs has its `--<codec>-*` flags, generated from its entry, and its variables are
+written by its configuration's to_env(), the one serialisation of that configuration.
 """
 from __future__ import annotations
 
@@ -11,33 +12,46 @@ import os
 import sys
 from typing import Callable, Dict, Mapping, Optional, Sequence
 
-from .. import env
-from ..lhc import LhcConfig
+from .. import codecs, env
 from ..thc import ThcConfig
 
 COMPRESSORS = env.COMPRESSORS
 
-# Defaults shown in the help come from where they live: the settings and ThcConfig.
+# Defaults shown in the help come from where they live: the settings and the config classes.
 _MIN_BYTES = env.MIN_COMPRESS_BYTES.default
-_D = ThcConfig()
-_L = LhcConfig()
+
+
+def flag_name(codec: codecs.Codec, flag: codecs.Flag) -> str:
+    return f"--{codec.name}-{flag.field.replace('_', '-')}"
+
+
+def flag_help(codec: codecs.Codec, flag: codecs.Flag) -> str:
+    """The flag's help line, its "{default}" the config class's default of the field."""
+    if flag.switch:
+        return flag.help
+    return flag.help.format(default=getattr(codec.config_class(), flag.field))
+
+
+def _codec_epilog() -> str:
+    """The help's lines of every codec's flags: flag, variable, meaning."""
+    lines = []
+    for codec in codecs.CODECS.values():
+        lines.append(f"  {'--compressor ' + codec.name:<21} {env.COMPRESSOR.name}={codec.name} "
+                     f"and the BYTEPS_{codec.label}_* variables below")
+        for flag in codec.flags:
+            if flag.switch:
+                name, var = flag_name(codec, flag), codec.settings["error_feedback"].name + "=0"
+            else:
+                name = f"{flag_name(codec, flag)} {flag.metavar}"
+                var = codec.settings[flag.field].name
+            lines.append(f"  {name + ' ':<22}{var + ' ':<27}{flag_help(codec, flag)}")
+    return "\n".join(lines)
+
 
 HELP_EPILOG = f"""\
 compression (reaches every worker as environment; byteps.torch.DistributedOptimizer uses it when
 no `compression=` argument is given):
-  --compressor thc      BYTEPS_COMPRESSOR=thc and the BYTEPS_THC_* variables below
-  --thc-bits B          BYTEPS_THC_BITS            bits per coordinate going up (1..8, {_D.bits})
-  --thc-granularity G   BYTEPS_THC_GRANULARITY     table in [0, G], G >= 2^B - 1 ({_D.granularity})
-  --thc-overflow-prob P BYTEPS_THC_OVERFLOW_PROB   clipped mass, e.g. 1/32 ({_D.overflow_prob:g})
-  --thc-seed S          BYTEPS_THC_SEED            rotation seed, same on every worker ({_D.seed})
-  --thc-rotation-block  BYTEPS_THC_ROTATION_BLOCK  Hadamard block, power of two (0 = partition)
-  --thc-no-error-feedback  BYTEPS_THC_ERROR_FEEDBACK=0
-  --compressor lhc      BYTEPS_COMPRESSOR=lhc and the BYTEPS_LHC_* variables below (docs/LHC.md)
-  --lhc-capacity N      BYTEPS_LHC_CAPACITY        most nonzeros of one partition's sum
-  --lhc-topk F          BYTEPS_LHC_TOPK            fraction kept per worker (0 = input as it is)
-  --lhc-topk-method M   BYTEPS_LHC_TOPK_METHOD     exact | sampled ({_L.topk_method})
-  --lhc-seed S          BYTEPS_LHC_SEED            hash seed, same on every worker ({_L.seed})
-  --lhc-no-error-feedback  BYTEPS_LHC_ERROR_FEEDBACK=0
+{_codec_epilog()}
   --compressor-k K      BYTEPS_COMPRESSOR_K        k of topk/randomk (count or fraction),
                                                    dithering's levels
   --compressor-ef vanilla  BYTEPS_COMPRESSOR_EF    error feedback for onebit/topk/randomk/dithering
@@ -102,7 +116,6 @@ def _flag_type(parse: Callable[[str], object], name: str) -> Callable[[str], obj
 
 
 _positive_int = _flag_type(env.parse_positive_int, "positive_int")
-_probability = _flag_type(env.parse_probability, "probability")
 
 
 def _seconds(text: str) -> float:
@@ -128,26 +141,17 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--compressor", choices=COMPRESSORS, default=None,
                    help="gradient compressor for every tensor large enough (default: none, or "
                         "$BYTEPS_COMPRESSOR)")
-    c.add_argument("--thc-bits", type=int, metavar="B",
-                   help=f"THC bits per coordinate ({_D.bits})")
-    c.add_argument("--thc-granularity", type=int, metavar="G",
-                   help=f"THC table range [0, G] ({_D.granularity})")
-    c.add_argument("--thc-overflow-prob", type=_probability, metavar="P",
-                   help="THC clipped probability mass, e.g. 1/32")
-    c.add_argument("--thc-seed", type=int, metavar="S", help=f"THC rotation seed ({_D.seed})")
-    c.add_argument("--thc-rotation-block", type=int, metavar="N",
-                   help="THC Hadamard block, a power of two (default: whole partition)")
-    c.add_argument("--thc-no-error-feedback", action="store_true",
-                   help="turn THC's error feedback off")
-    c.add_argument("--lhc-capacity", type=_positive_int, metavar="N",
-                   help=f"LHC: most nonzeros of one partition's summed gradient ({_L.capacity})")
-    c.add_argument("--lhc-topk", type=float, metavar="F",
-                   help="LHC: fraction each worker keeps per partition (default: all, as it is)")
-    c.add_argument("--lhc-topk-method", choices=("exact", "sampled"), default=None,
-                   help=f"LHC: exact top-k or a sampled threshold ({_L.topk_method})")
-    c.add_argument("--lhc-seed", type=int, metavar="S", help=f"LHC hash seed ({_L.seed})")
-    c.add_argument("--lhc-no-error-feedback", action="store_true",
-                   help="turn LHC's top-k error feedback off")
+    for codec in codecs.CODECS.values():  # dest: "<codec>_<field>"
+        for flag in codec.flags:
+            text = f"{codec.label}: {flag_help(codec, flag)}"
+            if flag.switch:
+                c.add_argument(flag_name(codec, flag), action="store_true", help=text)
+                continue
+            kind = flag.type
+            if kind is not None and kind not in (int, float):
+                kind = _flag_type(kind, kind.__name__)
+            c.add_argument(flag_name(codec, flag), type=kind, metavar=flag.metavar,
+                           choices=flag.choices, default=None, help=text)
     c.add_argument("--compressor-k", metavar="K",
                    help="k for topk/randomk (count or fraction) and dithering (levels)")
     c.add_argument("--compressor-ef", choices=("none", "vanilla"), default=None,
@@ -189,14 +193,14 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     else:
         ns = parser.parse_args(argv)
         ns.command = list(ns.command)
-    for codec in CODEC_FLAGS:  # a codec's flag selects it, and is refused with another one
+    for codec in codecs.CODECS.values():  # a codec's flag selects it, and is refused with another
         given = _given_flags(ns, codec)
         if not given:
             continue
         if ns.compressor is None:
-            ns.compressor = codec
-        elif ns.compressor != codec:
-            parser.error(f"--{codec}-{given[0].replace('_', '-')} needs --compressor {codec}, "
+            ns.compressor = codec.name
+        elif ns.compressor != codec.name:
+            parser.error(f"{flag_name(codec, given[0])} needs --compressor {codec.name}, "
                          f"not {ns.compressor}")
     if ns.compressor_k is not None and ns.compressor not in ("topk", "randomk", "dithering"):
         parser.error("--compressor-k applies to --compressor topk, randomk or dithering")
@@ -206,58 +210,51 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         parser.error("--servers needs --local N")
     if ns.local is not None and not ns.command:
         parser.error("--local needs a command: bpslaunch --local N [...] -- CMD ...")
-    config = CODEC_CONFIGS.get(ns.compressor)
-    if config is not None:
+    codec = codecs.CODECS.get(ns.compressor)
+    if codec is not None:
         try:
-            config(ns)  # validates the combination (table exists, lanes fit) before launch
+            codec_config(ns)  # validates the combination (table exists, lanes fit) before launch
         except ValueError as e:
-            parser.error(f"invalid {ns.compressor.upper()} configuration: {e}")
+            parser.error(f"invalid {codec.label} configuration: {e}")
     return ns
 
 
-# Each codec's flags: argparse's dest is "<codec>_<field>", and each sets the codec's setting of
-# that field (env.THC, env.LHC), "no_error_feedback" error_feedback=0.
-CODEC_FLAGS = {
-    "thc": ("bits", "granularity", "overflow_prob", "seed", "rotation_block", "no_error_feedback"),
-    "lhc": ("capacity", "topk", "topk_method", "seed", "no_error_feedback"),
-}
+def _given_flags(ns: argparse.Namespace, codec: codecs.Codec) -> list:
+    """The codec's flags given on the command line, in the order of codec.flags."""
+    return [f for f in codec.flags if getattr(ns, f"{codec.name}_{f.field}") not in (None, False)]
 
 
-def _given_flags(ns: argparse.Namespace, codec: str) -> list:
-    """The fields of the codec's flags given on the command line, in CODEC_FLAGS's order."""
-    return [f for f in CODEC_FLAGS[codec] if getattr(ns, f"{codec}_{f}") not in (None, False)]
-
-
-def _codec_env(ns: argparse.Namespace, codec: str, settings: Mapping[str, env.Setting],
+def _codec_env(ns: argparse.Namespace, codec: codecs.Codec,
                environ: Optional[Mapping[str, str]]) -> Dict[str, str]:
     """The codec's variables already in the environment, with its flags' values over them (a
     number as its repr, exact for a float; a word as it is)."""
-    names = {s.name for s in settings.values()}
+    names = {s.name for s in codec.settings.values()}
     out = {k: v for k, v in (os.environ if environ is None else environ).items() if k in names}
-    for field in _given_flags(ns, codec):
-        if field == "no_error_feedback":
-            out[settings["error_feedback"].name] = "0"
+    for flag in _given_flags(ns, codec):
+        if flag.switch:
+            out[codec.settings["error_feedback"].name] = "0"
         else:
-            v = getattr(ns, f"{codec}_{field}")
-            out[settings[field].name] = v if isinstance(v, str) else repr(v)
+            v = getattr(ns, f"{codec.name}_{flag.field}")
+            out[codec.settings[flag.field].name] = v if isinstance(v, str) else repr(v)
     return out
 
 
-def lhc_config(ns: argparse.Namespace, environ: Optional[Mapping[str, str]] = None) -> LhcConfig:
-    """The LhcConfig the flags describe, on top of any BYTEPS_LHC_* already in the environment."""
-    return LhcConfig.from_env(_codec_env(ns, "lhc", env.LHC, environ))
+def codec_config(ns: argparse.Namespace, environ: Optional[Mapping[str, str]] = None):
+    """The configuration of the codec `--compressor` names that its flags describe, on top of
+    its variables already in the environment (None when the compressor is no codec). With
+    --local N, the configuration must serve N workers."""
+    codec = codecs.CODECS.get(ns.compressor)
+    if codec is None:
+        return None
+    cfg = codec.from_env(_codec_env(ns, codec, environ))
+    if ns.local is not None and codec.check_workers is not None:
+        codec.check_workers(cfg, ns.local)
+    return cfg
 
 
 def thc_config(ns: argparse.Namespace, environ: Optional[Mapping[str, str]] = None) -> ThcConfig:
     """The ThcConfig the flags describe, on top of any BYTEPS_THC_* already in the environment."""
-    cfg = ThcConfig.from_env(_codec_env(ns, "thc", env.THC, environ))
-    if ns.local is not None:
-        cfg.lane_bits(ns.local)  # the server's sums of N workers must fit a lane
-    return cfg
-
-
-# The configuration each codec's flags describe (its to_env() is what the workers get).
-CODEC_CONFIGS: Dict[str, Callable[..., object]] = {"thc": thc_config, "lhc": lhc_config}
+    return codec_config(argparse.Namespace(**dict(vars(ns), compressor="thc")), environ)
 
 
 def compression_env(ns: argparse.Namespace,
@@ -266,9 +263,9 @@ def compression_env(ns: argparse.Namespace,
     out: Dict[str, str] = {}
     if ns.compressor is None:
         return out
-    config = CODEC_CONFIGS.get(ns.compressor)
+    config = codec_config(ns, environ)
     if config is not None:
-        out.update(config(ns, environ).to_env())
+        out.update(config.to_env())
     out[env.COMPRESSOR.name] = ns.compressor
     out[env.COMPRESSOR_SET_BY.name] = "bpslaunch"  # the workers' "what is in force" line says so
     if ns.compressor_k is not None:
