@@ -127,24 +127,17 @@ def test_every_adapter_offers_every_codec(name):
 
 
 def test_a_codec_needs_no_compressor_class_of_an_adapter():
-    class Registry(bc.RegistryCompressor):  # "tensors" are (is_float, nbytes) pairs
-        def is_floating(self, t):
-            return t[0]
-
-        def wire_bytes(self, t):
-            return t[1]
-
-    class Toy(bc.CompressionBase):  # names no _thc_class or _lhc_class
-        none, fp16 = bc.Compressor(), bc.Compressor()
-        _registry_class = Registry
+    class Toy(Compression):  # torch's adapter, as if it named no compressor class of a codec
+        _thc_class = _lhc_class = None
 
     for name in NAMES:
         cfg = SAMPLES[name]
         c = getattr(Toy, name)(config=cfg)
-        assert isinstance(c, Registry) and isinstance(c, bc.codec_mixin(codecs.get(name)))
+        assert isinstance(c, Toy._registry_class)
+        assert isinstance(c, bc.codec_mixin(codecs.get(name)))
         assert type(c) is Toy.codec_class(name)  # one class per adapter and codec
-        assert c.kwargs((True, 1 << 20), {}) == cfg.to_kwargs()
-        assert c.kwargs((False, 1 << 20), {}) is None
+        assert c.kwargs(torch.zeros(1 << 15), {}) == cfg.to_kwargs()
+        assert c.kwargs(torch.zeros(1 << 15, dtype=torch.int32), {}) is None
         assert Toy.from_env(cfg.to_env()) == c
 
 
