@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import collections.abc
 import contextlib
-import ctypes
 from typing import Dict, Mapping, Optional, Tuple
 
 import torch
@@ -43,6 +42,7 @@ from . import compression as _c
 from . import env
 from . import waits as _waits
 from .compression import Compressor
+from .forklib import ForkLib
 from .lhc import LhcConfig  # noqa: F401 - part of this module's namespace
 from .thc import ThcConfig  # noqa: F401 - part of this module's namespace
 
@@ -149,27 +149,20 @@ def declare(name: str, kwargs: Optional[Mapping[str, str]] = None) -> None:
 # ------------------------------------------------------------------------------------------------
 # Cluster failure (csrc/byteps/src/byteps/common/thc_failure.h)
 # ------------------------------------------------------------------------------------------------
-def _failure_lib():
-    lib = _ops()._basics.C_LIB_CTYPES
-    if not hasattr(lib, "byteps_thc_fail_cluster"):
-        raise RuntimeError("this BytePS build has no byteps_thc_fail_cluster (patch 0044); "
-                           "rebuild it with `make byteps`")
-    return lib
+def _fork_lib() -> ForkLib:
+    return ForkLib(_ops()._basics.C_LIB_CTYPES, "torch")
 
 
 def fail_cluster(why: str) -> None:
     """Fail this worker's cluster: every push_pull in flight and every later one raises
     RuntimeError carrying `why`, and BytePS's shutdown no longer waits for the other nodes.
     The first reason wins."""
-    _failure_lib().byteps_thc_fail_cluster(ctypes.c_char_p(str(why).encode()))
+    _fork_lib().fail_cluster(why)
 
 
 def cluster_failure() -> Optional[str]:
     """The reason the cluster failed (fail_cluster, a dead node, a stall), or None."""
-    buf = ctypes.create_string_buffer(4096)
-    if not _failure_lib().byteps_thc_cluster_failed(buf, ctypes.c_int(len(buf))):
-        return None
-    return buf.value.decode(errors="replace")
+    return _fork_lib().cluster_failure()
 
 
 # ------------------------------------------------------------------------------------------------

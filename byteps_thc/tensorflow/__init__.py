@@ -58,8 +58,10 @@ from .core import (
                    broadcast,
                    broadcast_global_variables,
                    broadcast_variables,
+                   cluster_failure,
                    declare,
                    declared_names,
+                   fail_cluster,
                    push_pull,
                    rank,
                    set_learning_rate,
@@ -78,4 +80,4 @@ __all__ = ["Compression", "Compressor", "NoneCompressor", "FP16Compressor", "Reg
            "broadcast_global_variables", "DistributedGradientTape", "DistributedOptimizer",
            "BroadcastGlobalVariablesCallback", "MetricAverageCallback", "declare",
            "declared_names", "variable_name", "set_learning_rate", "size", "rank",
-           "Average", "Sum"]
+           "Average", "Sum", "fail_cluster", "cluster_failure"]

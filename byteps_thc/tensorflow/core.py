@@ -6,7 +6,6 @@ can be imported, and tested, without a BytePS build.
 """
 from __future__ import annotations
 
-import ctypes
 import re
 import threading
 import weakref
@@ -16,6 +15,7 @@ import tensorflow as tf
 
 from .. import compression as _c
 from ..compression import Compressor
+from ..forklib import ForkLib
 
 Average = "Average"
 Sum = "Sum"
@@ -242,39 +242,29 @@ def declare(name: str, kwargs: Optional[Mapping[str, str]] = None) -> None:
                                  f"{_DECLARED[name]} and is now used with {dict(kwargs or {})}: "
                                  "use one compression per tensor name")
             return
-        lib = _ops().TF_LIB_CTYPES
-        fn = getattr(lib, "byteps_tensorflow_declare_tensor_kwargs", None)
-        if fn is None:
-            raise RuntimeError("this BytePS build cannot declare TensorFlow tensors with "
-                               "compressor kwargs (byteps_tensorflow_declare_tensor_kwargs); "
-                               "rebuild it with `make byteps`")
+        lib = _fork_lib()
         if _c.uses_vanilla_ef(kwargs):
             learning_rate_file()  # BytePS's vanilla EF opens ./lr.s with the compressor
-        items = sorted((kwargs or {}).items())
-        n = len(items)
-        keys = (ctypes.c_char_p * max(n, 1))(*[k.encode() for k, _ in items])
-        vals = (ctypes.c_char_p * max(n, 1))(*[str(v).encode() for _, v in items])
-        fn.restype = ctypes.c_int
-        rc = fn(ctypes.c_char_p(name.encode("ascii")), ctypes.c_int(n), keys, vals)
-        if rc != 0:
-            raise RuntimeError(f"declaring BytePS tensor {name!r} failed ({rc})")
-        refusal = _compressor_refusal(lib, name)
+        lib.declare_with_kwargs("byteps_tensorflow_declare_tensor_kwargs", "0092", name, kwargs)
+        refusal = lib.compressor_refusal(name)
         if refusal:  # not recorded: every later declare (each push_pull's) raises it again
             raise tf.errors.InvalidArgumentError(None, None, refusal)
         _DECLARED[name] = dict(kwargs) if kwargs else None
 
 
-def _compressor_refusal(lib, name: str) -> str:
-    """Why BytePS refused the compressor kwargs `name` was declared with (they name no
-    registered compressor: csrc/byteps/src/byteps/common/compressor/kwargs_check.h), or ""."""
-    fn = getattr(lib, "byteps_thc_compressor_refusal", None)
-    if fn is None:
-        return ""  # a build without patch 0030, which has no such check
-    buf = ctypes.create_string_buffer(4096)
-    fn.restype = ctypes.c_int
-    if fn(ctypes.c_char_p(name.encode("ascii")), buf, ctypes.c_int(len(buf))) == 0:
-        return ""
-    return buf.value.decode(errors="replace")
+def _fork_lib() -> ForkLib:
+    return ForkLib(_ops().TF_LIB_CTYPES, "tensorflow")
+
+
+def fail_cluster(why: str) -> None:
+    """Fail this worker's cluster: every push_pull in flight and every later one fails with
+    `why`, and BytePS's shutdown no longer waits for the other nodes. The first reason wins."""
+    _fork_lib().fail_cluster(why)
+
+
+def cluster_failure() -> Optional[str]:
+    """The reason the cluster failed (fail_cluster, a dead node, a stall), or None."""
+    return _fork_lib().cluster_failure()
 
 
 # ------------------------------------------------------------------------------------------------
