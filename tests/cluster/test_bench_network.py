@@ -1,4 +1,4 @@
-"""Smoke tests of the emulated-network benchmark: benchmarks/bench_network.py, benchmarks/netem.py.
+"""Smoke tests of the emulated-network benchmark: benchmarks/bench_network.py, harness/netem.py.
 
 The network tests need root and iproute2 (`ip`, `tc`); the cluster test also needs the BytePS
 fork (`make byteps`). Each is skipped, saying why, when its needs are not met. Everything they
@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from benchmarks import netem
+from harness import netem
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BENCH = os.path.join(ROOT, "benchmarks", "bench_network.py")
@@ -61,7 +61,7 @@ def test_rate_limited_link_and_cleanup():
 
 @needs_net
 def test_killed_run_leaves_nothing_after_cleanup_stale():
-    code = ("import sys, time; sys.path.insert(0, %r); from benchmarks import netem; "
+    code = ("import sys, time; sys.path.insert(0, %r); from harness import netem; "
             "n = netem.EmulatedNetwork(['a']); n.create(); print(n.prefix, flush=True); "
             "time.sleep(60)" % ROOT)
     p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)

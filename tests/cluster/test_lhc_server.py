@@ -1,5 +1,5 @@
 """The server's LHC path: the real BytePS scheduler and server (the fork build) driven by real
-ps-lite clients (tests/cluster/client/thc_client.cc) that send exactly what the fork's `lhc`
+ps-lite clients (harness/thc_client.cc) that send exactly what the fork's `lhc`
 compressor sends, for 2 and 3 workers:
 
 - the max round (THC's, one double per worker) returns max |v| over the workers;
@@ -24,26 +24,21 @@ from __future__ import annotations
 import os
 import re
 import struct
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "client"))
 import test_thc_server as ts
-import thc_cluster as tc
 from byteps_thc import LhcAggregator, LhcCodec, LhcConfig, LhcDecodeError, ThcConfig
 from byteps_thc import lhc_reference as R
+from harness import pslite as tc
 
 pytestmark = pytest.mark.needs_fork("server")
 
 HEADER = struct.Struct("<IHHiIQ")  # magic, version, reserved, scale_exp, count, fingerprint
 SEED = int(os.environ.get("LHC_TEST_FUZZ_SEED", "20261202"))
 FUZZ_ROUNDS = int(os.environ.get("LHC_TEST_FUZZ_ROUNDS", "40"))
-
-client_exe = ts.client_exe  # the module fixture: builds the ps-lite client once
 
 
 @pytest.fixture(scope="module", params=[2, 3], ids=["2workers", "3workers"])
