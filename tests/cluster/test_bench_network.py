@@ -61,10 +61,12 @@ def test_rate_limited_link_and_cleanup():
 
 @needs_net
 def test_killed_run_leaves_nothing_after_cleanup_stale():
-    code = ("import sys, time; sys.path.insert(0, %r); from harness import netem; "
+    code = ("import time; from harness import netem; "
             "n = netem.EmulatedNetwork(['a']); n.create(); print(n.prefix, flush=True); "
-            "time.sleep(60)" % ROOT)
-    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+            "time.sleep(60)")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))  # this checkout's harness
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env)
     prefix = p.stdout.readline().strip()
     try:
         assert _namespaces(prefix)
