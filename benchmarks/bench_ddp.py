@@ -42,12 +42,10 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
+from byteps_thc.launch.supervisor import ProcSpec, Supervisor
+from harness.netem import CleanupOnSignal, EmulatedNetwork, available, cleanup_stale, measure_tcp
 
-from byteps_thc.launch.supervisor import ProcSpec, Supervisor  # noqa: E402
-from harness.netem import CleanupOnSignal, EmulatedNetwork, available, cleanup_stale, measure_tcp  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 HOOKS = ("plain", "fp16", "powersgd", "powersgd-async", "thc", "thc-block16", "byteps-thc")
 DDP_HOOKS = HOOKS[:-1]

@@ -36,8 +36,6 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 from byteps_thc import _C, LhcAggregator, LhcCodec, LhcConfig, lhc_codec
 
 WORKERS = 4

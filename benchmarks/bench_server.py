@@ -24,9 +24,9 @@ from pathlib import Path
 
 import numpy as np
 
+from harness import pslite as tc
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from harness import pslite as tc  # noqa: E402
 
 
 def cpu_seconds(pid: int) -> float:
