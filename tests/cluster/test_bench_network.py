@@ -5,15 +5,17 @@ fork (`make byteps`). Each is skipped, saying why, when its needs are not met. E
 create lives in network namespaces named thcb<pid>-* with addresses from 198.18.0.0/15, and is
 removed at the end.
 """
+import io
 import json
 import os
-import subprocess
+import signal
 import sys
 import time
 
 import pytest
 
-from harness import netem
+from byteps_thc.launch.supervisor import ProcSpec, Supervisor
+from harness import netem, supervised
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BENCH = os.path.join(ROOT, "benchmarks", "bench_network.py")
@@ -66,35 +68,37 @@ def test_killed_run_leaves_nothing_after_cleanup_stale():
             "time.sleep(60)")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))  # this checkout's harness
-    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env)
-    prefix = p.stdout.readline().strip()
-    try:
+    spec = ProcSpec("netem", "worker", [sys.executable, "-c", code], env)
+    with Supervisor([spec], err=io.StringIO(), echo=False, keep_lines=True, tag="netem") as sup:
+        lines = sup.logs["netem"].lines
+        deadline = time.monotonic() + 60
+        while not lines and sup.procs["netem"].poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert lines, f"no prefix printed; exit code {sup.procs['netem'].poll()}"
+        prefix = lines[0][1].strip()
         assert _namespaces(prefix)
-    finally:
-        p.kill()
-        p.wait()
+        os.kill(sup.pids["netem"], signal.SIGKILL)  # killed outright: no cleanup of its own
+        sup.procs["netem"].wait(timeout=30)
+        assert _namespaces(prefix), "the killed run's namespaces are gone before cleanup_stale"
     netem.cleanup_stale()
     assert _namespaces(prefix) == []
 
 
 def _bench_tiny(tmp_path, compressors, *extra):
     """One run of the benchmark on the tiny model at 1 Gbit/s, 2 steps; (its output, p)."""
-    p = subprocess.Popen(
+    # past the timeout: SIGTERM, on which the script removes its namespaces, SIGKILL 20 s later
+    p = supervised.run(
         [sys.executable, BENCH, "--workloads", "tiny", "--bandwidths", "1", "--compressors",
          compressors, "--steps", "2", "--min-steps", "2", "--warmup", "1", "--time-budget", "1.5",
          "--run-timeout", "45", "--json", str(tmp_path / "r.json"),
          "--logdir", str(tmp_path / "logs"), *extra,
          # the committed costs: a host's first own calibration takes minutes (not this test's)
          "--costs", os.path.join(ROOT, "tests", "data", "advise-costs-median3.json")],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        text, _ = p.communicate(timeout=110)
-    except subprocess.TimeoutExpired:
-        p.terminate()           # the script removes its namespaces on SIGTERM
-        text, _ = p.communicate(timeout=20)
-        pytest.fail("benchmark smoke run took over 110 s:\n" + text[-3000:])
-    assert p.returncode == 0, text[-3000:]
-    return text, p
+        cwd=ROOT, timeout=110, kill_timeout=20, name="bench_network")
+    if p.timed_out:
+        pytest.fail("benchmark smoke run took over 110 s:\n" + p.output[-3000:])
+    assert p.code == 0, p.output[-3000:]
+    return p.output, p
 
 
 @needs_net

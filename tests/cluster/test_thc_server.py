@@ -14,6 +14,7 @@ clients (harness/thc_client.cc) that send exactly what BytePS workers send, for 
 """
 from __future__ import annotations
 
+import os
 import struct
 import sys
 
@@ -21,6 +22,7 @@ import numpy as np
 import pytest
 
 from harness import pslite as tc
+from harness import supervised
 
 byteps_thc = pytest.importorskip("byteps_thc")
 from byteps_thc import ThcConfig  # noqa: E402
@@ -377,9 +379,7 @@ def check_pipeline(out, n, steps, declared_key, xin, yout, part_elems, cast, ski
 
 
 def _run_local(n, tmp_path, steps, d, part_bytes, extra_env=None, timeout=300, servers=1):
-    import os
-    import signal
-    import subprocess
+    """`bpslaunch --local n` of worker_pipeline.py under the Supervisor: (exit code, output)."""
     env = dict(os.environ, BYTEPS_PARTITION_BYTES=str(part_bytes), **(extra_env or {}))
     fork = os.environ.get("BYTEPS_THC_FORK_DIR")  # tests/conftest.py: byteps from that build
     env["PYTHONPATH"] = os.pathsep.join(
@@ -388,15 +388,10 @@ def _run_local(n, tmp_path, steps, d, part_bytes, extra_env=None, timeout=300, s
            "--timeout", "240", "--",
            sys.executable, str(ROOT / "tests" / "cluster" / "scripts" / "worker_pipeline.py"),
            str(tmp_path), str(steps), str(d)]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
-    try:
-        log, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        log, _ = proc.communicate()
-        pytest.fail("the local cluster hung:\n" + log[-4000:])
-    return proc.returncode, log
+    run = supervised.run(cmd, env=env, timeout=timeout, name="bpslaunch")
+    if run.timed_out:
+        pytest.fail("the local cluster hung:\n" + run.output[-4000:])
+    return run.code, run.output
 
 
 @pytest.mark.needs_fork
