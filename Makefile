@@ -35,7 +35,7 @@ $(EXT): $(VENV) setup.py $(shell find csrc/thc csrc/lhc csrc/common csrc/python 
 
 # Lint: ruff (pyproject.toml) on the Python; clang-format (.clang-format) on all our C++. Both are
 # pinned in requirements.txt.
-CXX_SOURCES = $(shell find csrc tests -type f \( -name '*.h' -o -name '*.cc' -o -name '*.cu' \
+CXX_SOURCES = $(shell find csrc harness tests -type f \( -name '*.h' -o -name '*.cc' -o -name '*.cu' \
                       -o -name '*.cuh' \) | sort)
 lint: $(VENV)
 	.venv/bin/ruff check .

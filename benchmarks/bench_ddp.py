@@ -2,7 +2,7 @@
 """DDP comm hooks on an emulated network: plain all-reduce, fp16, PowerSGD, THC, and BytePS+THC.
 
 Run as root (network namespaces, tc), like bench_network.py, whose network it shares
-(benchmarks/netem.py: one namespace per rank and one for BytePS's server, a bridge, tbf on every
+(harness/netem.py: one namespace per rank and one for BytePS's server, a bridge, tbf on every
 link, 198.18.0.0/15 only). Each DDP run starts one rank per namespace (gloo over eth0) under the
 launcher's Supervisor:
 
@@ -42,12 +42,10 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
+from byteps_thc.launch.supervisor import ProcSpec, Supervisor
+from harness.netem import CleanupOnSignal, EmulatedNetwork, available, cleanup_stale, measure_tcp
 
-from benchmarks.netem import CleanupOnSignal, EmulatedNetwork, available, cleanup_stale, measure_tcp  # noqa: E402
-from byteps_thc.launch.supervisor import ProcSpec, Supervisor  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 HOOKS = ("plain", "fp16", "powersgd", "powersgd-async", "thc", "thc-block16", "byteps-thc")
 DDP_HOOKS = HOOKS[:-1]

@@ -22,12 +22,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 
 import numpy as np
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from byteps_thc import ThcAggregator, ThcCodec, ThcConfig
 from byteps_thc.advisor import models

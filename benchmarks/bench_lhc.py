@@ -36,8 +36,6 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 from byteps_thc import _C, LhcAggregator, LhcCodec, LhcConfig
 from byteps_thc.lhc import codec as lhc_codec
 

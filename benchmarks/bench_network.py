@@ -3,7 +3,7 @@
 
 Run as root (network namespaces, tc). It builds its own cluster on this host: one network
 namespace per worker and one for the server and scheduler, joined by a bridge, every link
-rate-limited with tbf (benchmarks/netem.py; addresses from 198.18.0.0/15 only), and runs the real
+rate-limited with tbf (harness/netem.py; addresses from 198.18.0.0/15 only), and runs the real
 roles there with `bpslaunch` (its non-local mode, DMLC_* environment) under `ip netns exec`.
 Everything it creates is removed at the end, also on Ctrl-C / SIGTERM.
 
@@ -53,16 +53,14 @@ import tempfile
 import time
 from typing import Dict, List, Optional, Sequence
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
+from byteps_thc.advisor import host, models, predict, replay, wire
+from byteps_thc.advisor.costs import load_costs
+from byteps_thc.advisor.wire import launcher_flags
+from byteps_thc.launch import fork_missing, server_argv
+from byteps_thc.launch.supervisor import ProcSpec, Supervisor, cpu_seconds, describe_exit
+from harness.netem import CleanupOnSignal, EmulatedNetwork, available, cleanup_stale, measure_tcp
 
-from benchmarks.netem import CleanupOnSignal, EmulatedNetwork, available, cleanup_stale, measure_tcp  # noqa: E402
-from byteps_thc.advisor import host, models, predict, replay, wire  # noqa: E402
-from byteps_thc.advisor.costs import load_costs  # noqa: E402
-from byteps_thc.advisor.wire import launcher_flags  # noqa: E402
-from byteps_thc.launch import fork_missing, server_argv  # noqa: E402
-from byteps_thc.launch.supervisor import ProcSpec, Supervisor, cpu_seconds, describe_exit  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 DIGITS = os.path.join(ROOT, "example", "pytorch", "train_digits.py")
 SCHED_PORT = 9300

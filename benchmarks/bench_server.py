@@ -2,7 +2,7 @@
 """BytePS server benchmark: THC's homomorphic integer path against uncompressed float32, same run.
 
 Starts the real scheduler and server of the fork build on 127.0.0.1 and N real ps-lite clients
-(tests/cluster/client/thc_client.cc). A model of --params float32 parameters is split into
+(harness/thc_client.cc). A model of --params float32 parameters is split into
 BytePS partitions of --partition-bytes (4096000 bytes by default, BytePS's); every client pushes
 every partition and pulls it back, R rounds, first as THC payloads (header + b-bit indices; the
 server unpacks, looks up and adds integers, pulls return the sums), then as plain float32 (the
@@ -24,10 +24,9 @@ from pathlib import Path
 
 import numpy as np
 
+from harness import pslite as tc
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests" / "cluster" / "client"))
-sys.path.insert(0, str(ROOT))
-import thc_cluster as tc  # noqa: E402
 
 
 def cpu_seconds(pid: int) -> float:

@@ -32,11 +32,8 @@ import tempfile
 import time
 from typing import Dict, List, Optional
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-
-from byteps_thc import env  # noqa: E402
-from byteps_thc.launch import (  # noqa: E402
+from byteps_thc import env
+from byteps_thc.launch import (
     Supervisor,
     compression_env,
     fork_missing,
@@ -44,7 +41,9 @@ from byteps_thc.launch import (  # noqa: E402
     parse_args,
     shm_prefixes,
 )
-from byteps_thc.launch.supervisor import child_pids  # noqa: E402
+from byteps_thc.launch.supervisor import child_pids
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 SCRIPT = os.path.join(ROOT, "tests", "cluster", "scripts", "torch_synthetic.py")
 RESULTS = os.path.join(ROOT, "benchmarks", "results")

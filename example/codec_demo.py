@@ -7,15 +7,12 @@ and the result is compared with the exact mean gradient.
     python example/codec_demo.py [--workers 2] [--bits 4] [--granularity 30]
 """
 import argparse
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from byteps_thc import ThcAggregator, ThcCodec, ThcConfig
 
 

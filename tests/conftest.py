@@ -22,10 +22,6 @@ import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
-
 _fork_dir = os.environ.get("BYTEPS_THC_FORK_DIR", "")
 FORK_DIR = os.path.abspath(_fork_dir) if _fork_dir else ""
 

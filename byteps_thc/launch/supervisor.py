@@ -167,6 +167,7 @@ class ProcLog:
     """The output a process printed (keep_lines): (wall-clock time, line) in arrival order."""
     name: str
     lines: List[Tuple[float, str]] = dataclasses.field(default_factory=list)
+    ended: threading.Event = dataclasses.field(default_factory=threading.Event)  # all lines in
 
     def text(self) -> str:
         return "".join(line + "\n" for _, line in self.lines)
@@ -267,6 +268,7 @@ class Supervisor:
             stream.close()
             if log is not None:
                 log.close()
+            self.logs[spec.name].ended.set()
 
     def say(self, text: str) -> None:
         with self._lock:

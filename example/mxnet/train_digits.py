@@ -11,7 +11,6 @@ averaged by bps.DistributedTrainer with whatever compression `bpslaunch --compre
 weights (equal on all workers). Without a BytePS launcher it trains in this one process.
 """
 import hashlib
-import os
 import sys
 import time
 
@@ -19,11 +18,7 @@ import mxnet as mx
 import numpy as np
 from mxnet import autograd, gluon, nd
 
-# example/shared/ (not example/ itself, whose pytorch/, tensorflow/ and mxnet/ folders would pass
-# for namespace packages of those names)
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                "shared"))
-import example_common as common
+from example import common
 
 
 def parse_args(argv=None):

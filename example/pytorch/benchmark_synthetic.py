@@ -11,18 +11,13 @@ total) and the bytes that crossed the loopback interface per step (measured, /pr
 meaningful when the cluster is alone on lo, e.g. inside `unshare -n`, as scripts/demo.py does).
 Without a BytePS launcher (no DMLC_ROLE) it measures one process's compute only.
 """
-import os
 import sys
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-# example/shared/ (not example/ itself, whose pytorch/, tensorflow/ and mxnet/ folders would pass
-# for namespace packages of those names)
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                "shared"))
-import example_common as common
+from example import common
 
 
 # ------------------------------------------------------------------------------------------------

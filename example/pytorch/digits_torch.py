@@ -28,7 +28,7 @@ def param_digest(model):
 
 
 class Digits:
-    """This rank's training shard and the test set as tensors (example_common's split)."""
+    """This rank's training shard and the test set as tensors (example.common's split)."""
 
     def __init__(self, common, args, rank, size, dtype):
         data = common.load_digits_split(args.seed)

@@ -11,18 +11,13 @@ Prints per-epoch progress and the final test accuracy. `--stats-json` writes wha
 
 Without a BytePS launcher (no DMLC_ROLE) it trains in this one process, uncompressed.
 """
-import os
 import sys
 import time
 
 import torch
 
-# example/shared/ (not example/ itself, whose pytorch/, tensorflow/ and mxnet/ folders would pass
-# for namespace packages of those names)
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                "shared"))
-import example_common as common
 from digits_torch import Digits, make_model, param_digest, train
+from example import common
 
 
 def parse_args(argv=None):

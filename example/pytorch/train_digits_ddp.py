@@ -19,14 +19,12 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                "shared"))
-import example_common as common
 from digits_torch import Digits, make_model, param_digest, train
+from example import common
 
 
 class Group:
-    """What example_common.finish needs of a launcher: rank, size, shutdown."""
+    """What common.finish needs of a launcher: rank, size, shutdown."""
 
     def __init__(self, distributed):
         self.distributed = distributed

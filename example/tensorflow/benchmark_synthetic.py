@@ -21,11 +21,7 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 import keras
 import tensorflow as tf
 
-# example/shared/ (not example/ itself, whose pytorch/, tensorflow/ and mxnet/ folders would pass
-# for namespace packages of those names)
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                "shared"))
-import example_common as common
+from example import common
 
 MODELS = {"resnet50": keras.applications.ResNet50, "vgg16": keras.applications.VGG16}
 

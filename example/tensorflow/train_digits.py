@@ -29,12 +29,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-# example/shared/ (not example/ itself, whose pytorch/, tensorflow/ and mxnet/ folders would pass
-# for namespace packages of those names)
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                "shared"))
-import example_common as common
-from example_common import load_digits_split  # tests/cluster/test_tf_train.py calls it here
+from example import common
+from example.common import load_digits_split  # tests/cluster/test_tf_train.py calls it here
 
 MODES = ("eager", "function", "fit")
 

@@ -3,6 +3,7 @@
 `byteps_cluster(...)` starts the processes from environment variables (no launcher) under the
 launcher's Supervisor, each in its own process group, and always stops every group when it returns,
 raises or times out: a cluster test can fail but never hang and never leave processes behind.
+`client_exe` is the ps-lite test client of harness/pslite.py, compiled once per session.
 
 BYTEPS_THC_FORK_DIR=DIR runs the cluster on another build of the fork, one that
 `scripts/build_byteps.sh --target DIR` installed there (e.g. the series without one fix, see
@@ -16,6 +17,7 @@ import sys
 import pytest
 
 from byteps_thc.launch.supervisor import ProcSpec, Supervisor
+from harness import pslite
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _fork_dir = os.environ.get("BYTEPS_THC_FORK_DIR", "")
@@ -85,6 +87,18 @@ def byteps_cluster(worker_argv, num_workers=2, num_servers=1, timeout=120, env=N
                 else "cluster failed: " + outcome.message)
         raise AssertionError("%s\n%s" % (what, logs))
     return [(sup.procs[w].returncode, sup.logs[w].text()) for w in workers]
+
+
+@pytest.fixture(scope="session")
+def client_exe():
+    """The ps-lite test client (harness/thc_client.cc), built against the fork build's ps-lite;
+    skips where g++ or that ps-lite is missing."""
+    if not pslite.have_tools():
+        pytest.skip("g++ not found")
+    exe = pslite.build_client(pslite.ROOT / "build" / "thc_client")
+    if exe is None:
+        pytest.skip("the fork build's ps-lite (libps.a, libzmq.a) was not found")
+    return exe
 
 
 @pytest.fixture

@@ -1,19 +1,22 @@
-"""Smoke tests of the emulated-network benchmark: benchmarks/bench_network.py, benchmarks/netem.py.
+"""Smoke tests of the emulated-network benchmark: benchmarks/bench_network.py, harness/netem.py.
 
 The network tests need root and iproute2 (`ip`, `tc`); the cluster test also needs the BytePS
 fork (`make byteps`). Each is skipped, saying why, when its needs are not met. Everything they
 create lives in network namespaces named thcb<pid>-* with addresses from 198.18.0.0/15, and is
 removed at the end.
 """
+import io
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
 
 import pytest
 
-from benchmarks import netem
+from byteps_thc.launch.supervisor import ProcSpec, Supervisor
+from harness import netem
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BENCH = os.path.join(ROOT, "benchmarks", "bench_network.py")
@@ -61,16 +64,23 @@ def test_rate_limited_link_and_cleanup():
 
 @needs_net
 def test_killed_run_leaves_nothing_after_cleanup_stale():
-    code = ("import sys, time; sys.path.insert(0, %r); from benchmarks import netem; "
+    code = ("import time; from harness import netem; "
             "n = netem.EmulatedNetwork(['a']); n.create(); print(n.prefix, flush=True); "
-            "time.sleep(60)" % ROOT)
-    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
-    prefix = p.stdout.readline().strip()
-    try:
+            "time.sleep(60)")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))  # this checkout's harness
+    spec = ProcSpec("netem", "worker", [sys.executable, "-c", code], env)
+    with Supervisor([spec], err=io.StringIO(), echo=False, keep_lines=True, tag="netem") as sup:
+        lines = sup.logs["netem"].lines
+        deadline = time.monotonic() + 60
+        while not lines and sup.procs["netem"].poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert lines, f"no prefix printed; exit code {sup.procs['netem'].poll()}"
+        prefix = lines[0][1].strip()
         assert _namespaces(prefix)
-    finally:
-        p.kill()
-        p.wait()
+        os.kill(sup.pids["netem"], signal.SIGKILL)  # killed outright: no cleanup of its own
+        sup.procs["netem"].wait(timeout=30)
+        assert _namespaces(prefix), "the killed run's namespaces are gone before cleanup_stale"
     netem.cleanup_stale()
     assert _namespaces(prefix) == []
 

@@ -21,9 +21,7 @@ from byteps_thc.ddp import geometry
 from byteps_thc.launch.supervisor import ProcSpec, Supervisor
 from byteps_thc.thc import reference
 from conftest import ROOT, free_port
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts"))
-import ddp_worker as worker
+from tests.cluster.scripts import ddp_worker as worker
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "ddp_worker.py")
 

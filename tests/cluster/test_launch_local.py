@@ -2,6 +2,7 @@
 
 Skipped when the BytePS fork is not installed (`make byteps`).
 """
+import io
 import os
 import re
 import signal
@@ -13,7 +14,7 @@ import time
 import pytest
 
 from byteps_thc.launch import free_ports
-from byteps_thc.launch.supervisor import kill_groups
+from byteps_thc.launch.supervisor import ProcSpec, Supervisor, kill_groups
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FORK_DIR = os.path.abspath(os.environ["BYTEPS_THC_FORK_DIR"]) \
@@ -173,26 +174,30 @@ def test_env_only_launch_as_upstream(tmp_path):
              ("worker", {"DMLC_WORKER_ID": "1", "DMLC_NODE_PORT": str(w1),
                          "BYTEPS_SOCKET_PATH": str(tmp_path / "w1")})]
     (tmp_path / "w1").mkdir()
-    procs, logs = [], []
+    specs = []
+    for i, (role, extra) in enumerate(roles):
+        argv = [sys.executable, "-m", "byteps_thc.launch"]
+        if role == "worker":
+            argv += [sys.executable, script]
+        specs.append(ProcSpec(f"{i} {role}", role, argv, dict(base, DMLC_ROLE=role, **extra),
+                              ROOT, log=str(tmp_path / f"{i}-{role}.log")))
+    # each launcher in its own process group under the Supervisor, which only starts them and,
+    # once they have ended or `timeout` passed, stops what still runs; the asserts say the rest
+    sup = Supervisor(specs, err=io.StringIO(), echo=False, keep_lines=True, kill_timeout=10.0,
+                     tag="env-only")
     try:
-        for i, (role, extra) in enumerate(roles):
-            env = dict(base, DMLC_ROLE=role, **extra)
-            argv = [sys.executable, "-m", "byteps_thc.launch"]
-            if role == "worker":
-                argv += [sys.executable, script]
-            logs.append(tmp_path / f"{i}-{role}.log")  # a file: no pipe can fill up and block
-            with open(logs[-1], "w") as log:
-                procs.append(subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log,
-                                              stderr=subprocess.STDOUT, start_new_session=True))
+        sup.start()
         deadline = time.monotonic() + timeout
-        for p in procs:
-            p.wait(timeout=max(0.1, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired:
-        pass  # the launchers that still run are stopped below; the asserts say what happened
+        for p in sup.procs.values():
+            try:
+                p.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
     finally:
-        stop_launchers(procs)
+        sup.stop_all()
         left = survivors(port)
-    outs = [f.read_text(errors="replace")[-3000:] for f in logs]
+    procs = [sup.procs[s.name] for s in specs]
+    outs = [sup.logs[s.name].text()[-3000:] for s in specs]
     assert left == [], f"processes outlived their launchers: {left}\n{outs}"
     assert [p.returncode for p in procs] == [0, 0, 0, 0], outs
     assert "env-only ok 0" in outs[2] and "env-only ok 1" in outs[3]

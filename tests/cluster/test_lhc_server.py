@@ -1,5 +1,5 @@
 """The server's LHC path: the real BytePS scheduler and server (the fork build) driven by real
-ps-lite clients (tests/cluster/client/thc_client.cc) that send exactly what the fork's `lhc`
+ps-lite clients (harness/thc_client.cc) that send exactly what the fork's `lhc`
 compressor sends, for 2 and 3 workers:
 
 - the max round (THC's, one double per worker) returns max |v| over the workers;
@@ -24,26 +24,21 @@ from __future__ import annotations
 import os
 import re
 import struct
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "client"))
 import test_thc_server as ts
-import thc_cluster as tc
 from byteps_thc import LhcAggregator, LhcCodec, LhcConfig, LhcDecodeError, ThcConfig
 from byteps_thc.lhc import reference as R
+from harness import pslite as tc
 
 pytestmark = pytest.mark.needs_fork("server")
 
 HEADER = struct.Struct("<IHHiIQ")  # magic, version, reserved, scale_exp, count, fingerprint
 SEED = int(os.environ.get("LHC_TEST_FUZZ_SEED", "20261202"))
 FUZZ_ROUNDS = int(os.environ.get("LHC_TEST_FUZZ_ROUNDS", "40"))
-
-client_exe = ts.client_exe  # the module fixture: builds the ps-lite client once
 
 
 @pytest.fixture(scope="module", params=[2, 3], ids=["2workers", "3workers"])
@@ -93,6 +88,20 @@ def agreed_round(k, xs):
     return m, [codec.encode(x, m, num_workers=n) for codec, x in zip(k.codecs, xs)]
 
 
+def exact_mean(k, xs, m, steps):
+    """The exact mean of the workers' inputs `xs` as the key's codecs quantise them at max |v|
+    `m` and their `steps`: the reference's quantised values summed in integers (not the
+    decoder's arithmetic)."""
+    n, d = len(xs), k.d
+    e = R.scale_exponent(m, n)
+    total = np.zeros(d, np.int64)
+    for i, x in enumerate(xs):
+        _, _, idx, q = R.encode(k.cfg, x, m, n, k.codecs[0].m_buckets, rank=i, step=steps[i],
+                                key=k.key, with_values=True)
+        total[idx] += q
+    return (total.astype(np.float64) * 2.0 ** -e / n).astype(np.float32)
+
+
 def error_of(reply):
     h, body = tc.parse_reply(reply)
     assert h["status"] != 0, "expected the round to fail"
@@ -131,14 +140,7 @@ def test_lhc_sums_bit_exact_and_decode_exact(cluster, d, capacity, nnz, keyno):
             assert h["status"] == 0, body.decode(errors="replace")
             assert h["num_workers"] == n and h["round"] == rnd + 1
             assert np.array_equal(np.frombuffer(body, np.uint8), want)
-        # the exact mean, from the reference's quantised values in integers (not the decoder)
-        e = R.scale_exponent(m, n)
-        total = np.zeros(d, np.int64)
-        for i, x in enumerate(xs):
-            _, _, idx, q = R.encode(cfg, x, m, n, k.codecs[0].m_buckets, rank=i, step=steps[i],
-                                    key=key, with_values=True)
-            total[idx] += q
-        exact = (total.astype(np.float64) * 2.0 ** -e / n).astype(np.float32)
+        exact = exact_mean(k, xs, m, steps)
         got = k.codecs[0].decode(np.frombuffer(tc.parse_reply(replies[-1])[1], np.uint8), m, n)
         assert np.array_equal(got, exact)
     assert cluster.server_alive()
@@ -320,13 +322,7 @@ def test_overloaded_round_completes_exactly_through_the_fallback_round(cluster):
         values = [codec.fallback_values(errors[0].unresolved) for codec in k.codecs]
         replies = fallback_round(k, values)
         want = np.sum([v.astype(np.int64) for v in values], axis=0).astype(np.int32)
-        e = R.scale_exponent(m, n)
-        total = np.zeros(d, np.int64)
-        for i, x in enumerate(xs):
-            _, _, idx, q = R.encode(cfg, x, m, n, k.codecs[0].m_buckets, rank=i, step=steps[i],
-                                    key=key, with_values=True)
-            total[idx] += q
-        exact = (total.astype(np.float64) * 2.0 ** -e / n).astype(np.float32)
+        exact = exact_mean(k, xs, m, steps)
         for codec, err, r in zip(k.codecs, errors, replies):
             h, body = tc.parse_reply(r)
             assert h["status"] == 0, body.decode(errors="replace")

@@ -14,9 +14,9 @@ on separate machines, with the real BytePS scheduler, server and workers on 127.
 Timeouts: BYTEPS_THC_DEAD_NODE_TIMEOUT=8, so heartbeats every second; a live node would have to
 miss eight in a row (8 s without one scheduled on this host) to be declared dead.
 """
+import io
 import os
 import signal
-import subprocess
 import sys
 import textwrap
 import time
@@ -24,12 +24,11 @@ import time
 import pytest
 
 from byteps_thc.launch import free_ports
-from byteps_thc.launch.supervisor import child_pids
+from byteps_thc.launch.supervisor import ProcSpec, Supervisor, child_pids
 from test_launch_local import (
     ROOT,
     pytestmark,  # noqa: F401  (this module's marks)
     shm_of_cluster,
-    stop_launchers,
     survivors,
 )
 
@@ -76,8 +75,10 @@ def train_script(tmp_path, body):
 
 class RoleCluster:
     """Scheduler, one server and two workers (but those named in `absent`), each its own
-    `bpslaunch` and process group, with its output in a file (no pipe can fill up and block
-    it)."""
+    `bpslaunch`, started under the Supervisor: each in its own process group, its output read as
+    it comes (no pipe can fill up and block it) and copied to a log file, every group stopped by
+    `stop` (or by the Supervisor's watchdog, should the test process be killed). The Supervisor
+    only starts and stops them; when each has ended and why is what the tests check."""
 
     def __init__(self, tmp_path, script, worker_flags=(), server_flags=(), extra_env=None,
                  server_env=None, absent=(), scheduler_env=None):
@@ -99,21 +100,26 @@ class RoleCluster:
                               "BYTEPS_SOCKET_PATH": str(tmp_path / f"w{i}")},
               launch + list(worker_flags) + ["--", sys.executable, script])
              for i, p in enumerate(self.wports)]
-        self.procs, self.logs = {}, {}
+        specs = []
         for name, extra, argv in self.roles:
             if name in absent:  # never started, as a machine that never came up
                 continue
             if name.startswith("worker"):
                 (tmp_path / f"w{name[-1]}").mkdir()
             env = dict(base, DMLC_ROLE=name.split()[0], **extra)
-            self.logs[name] = tmp_path / f"{name.replace(' ', '')}.log"
-            with open(self.logs[name], "w") as log:
-                self.procs[name] = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log,
-                                                    stderr=subprocess.STDOUT,
-                                                    start_new_session=True)
+            log = str(tmp_path / f"{name.replace(' ', '')}.log")
+            specs.append(ProcSpec(name, name.split()[0], argv, env, ROOT, log=log))
+        self.sup = Supervisor(specs, err=io.StringIO(), echo=False, keep_lines=True,
+                              kill_timeout=10.0, tag="role cluster")
+        self.sup.start()
+        self.procs = self.sup.procs
 
     def text(self, name):
-        return self.logs[name].read_text(errors="replace")
+        """What `name` printed so far; all of it once it has ended."""
+        log = self.sup.logs[name]
+        if self.procs[name].poll() is not None:
+            log.ended.wait(timeout=10)
+        return log.text()
 
     def all_text(self):
         return "\n".join(f"---- {n}\n{self.text(n)[-4000:]}" for n in self.procs)
@@ -157,7 +163,7 @@ class RoleCluster:
         return {n: self.procs[n].returncode for n in names}
 
     def stop(self):
-        stop_launchers(list(self.procs.values()))
+        self.sup.stop_all()
         return survivors(self.port)
 
 

@@ -18,13 +18,12 @@ that variable (the environment's fork may be older than .venv's) or without the 
 import json
 import os
 import re
-import subprocess
 import textwrap
 
 import numpy as np
 import pytest
 
-from byteps_thc.launch.supervisor import kill_groups
+from harness import supervised
 from test_thc_server import check_pipeline
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -45,32 +44,25 @@ pytestmark = [
 
 
 def launch(args, timeout=400):
-    """`bpslaunch --local 2 -- ARGS` under MXNet's Python; (exit code, stdout, stderr). Its
-    process group is killed on every path (past `timeout` the test fails)."""
+    """`bpslaunch --local 2 -- ARGS` under MXNet's Python, run by the Supervisor; (exit code,
+    stdout and stderr as they came). Past `timeout` it is stopped and the test fails."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("BYTEPS_", "DMLC_"))}
     env["PYTHONPATH"] = ROOT
     env["OMP_NUM_THREADS"] = "1"
-    p = subprocess.Popen([MXPY, "-m", "byteps_thc.launch", "--local", "2", "--timeout",
-                          str(timeout - 20), "--"] + args, cwd=ROOT, env=env,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         start_new_session=True)
-    try:
-        out, err = p.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        kill_groups([p])
-        out, err = p.communicate()
-        raise AssertionError(f"bpslaunch ran past {timeout} s\n{out[-3000:]}\n{err[-3000:]}")
-    finally:
-        kill_groups([p])
-    return p.returncode, out, err
+    run = supervised.run([MXPY, "-m", "byteps_thc.launch", "--local", "2", "--timeout",
+                          str(timeout - 20), "--"] + args, env=env, cwd=ROOT, timeout=timeout,
+                         name="bpslaunch")
+    if run.timed_out:
+        raise AssertionError(f"bpslaunch ran past {timeout} s\n{run.output[-6000:]}")
+    return run.code, run.output
 
 
 @pytest.fixture(scope="module")
 def trained():
     got = {}
     for comp in ("thc", "none"):
-        code, out, err = launch([MXPY, EXAMPLE, "--epochs", "4", "--compressor", comp])
-        assert code == 0, out[-4000:] + err[-3000:]
+        code, out = launch([MXPY, EXAMPLE, "--epochs", "4", "--compressor", comp])
+        assert code == 0, out[-6000:]
         got[comp] = sorted(re.findall(
             r"\[worker (\d)\] final test accuracy: ([0-9.]+) .*parameter digest (\w+)", out))
         assert len(got[comp]) == 2, out[-3000:]
@@ -107,15 +99,15 @@ def test_name_reused_with_another_size_is_a_clear_error(tmp_path):
             print("ERROR", str(e).splitlines()[0][:400], flush=True)
         bps.shutdown()
     """))
-    code, out, err = launch([MXPY, str(script)], timeout=200)
+    code, out = launch([MXPY, str(script)], timeout=200)
     assert "NO ERROR" not in out, out
-    assert "'byteps.dup' is used by two different tensors" in out + err, out[-3000:] + err[-2000:]
+    assert "'byteps.dup' is used by two different tensors" in out, out[-5000:]
 
 
 def test_mismatched_bits_raise_mxnet_error(tmp_path):
-    code, out, err = launch([MXPY, os.path.join(SCRIPTS, "mxnet_failures.py"), str(tmp_path)],
+    code, out = launch([MXPY, os.path.join(SCRIPTS, "mxnet_failures.py"), str(tmp_path)],
                             timeout=300)
-    log = out + err
+    log = out
     assert code == 0, log[-4000:]
     for style, tensor in (("push_pull", "'byteps.mx.big_0'"), ("trainer", "'byteps.gradient_")):
         for r in (0, 1):
@@ -134,8 +126,8 @@ def test_average_and_sum_of_thc_and_uncompressed_tensors(tmp_path):
     """The MXNet plugin scales as the fork's PushPullScale says: a THC pull yields the mean, which
     is_average=True returns as it is and is_average=False multiplies by n; an uncompressed pull
     yields the sum, which is_average=True divides by n."""
-    code, out, err = launch([MXPY, os.path.join(SCRIPTS, "mxnet_scale.py"), str(tmp_path)])
-    assert code == 0, out[-4000:] + err[-3000:]
+    code, out = launch([MXPY, os.path.join(SCRIPTS, "mxnet_scale.py"), str(tmp_path)])
+    assert code == 0, out[-6000:]
     n, part = 2, 1024000 // 4
     f32 = lambda v: v.astype(np.float32)  # noqa: E731
     check_pipeline(tmp_path, n, 2, 0, "x", "y", part, f32)

@@ -1,4 +1,4 @@
-"""A peer's bad reply reaches a real ps-lite worker (tests/cluster/client/thc_client.cc, against
+"""A peer's bad reply reaches a real ps-lite worker (harness/thc_client.cc, against
 the real BytePS scheduler and server) as a failure that names the server, not as an abort:
 
 - a pull reply larger than the worker's buffer (the server holds more bytes for the key than
@@ -9,27 +9,13 @@ the real BytePS scheduler and server) as a failure that names the server, not as
 """
 from __future__ import annotations
 
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "client"))
-import thc_cluster as tc
+from harness import pslite as tc
 
-ROOT = tc.ROOT
 pytestmark = pytest.mark.needs_fork("server")
-
-
-@pytest.fixture(scope="module")
-def client_exe():
-    if not tc.have_tools():
-        pytest.skip("g++ not found")
-    exe = tc.build_client(ROOT / "build" / "thc_client")
-    if exe is None:
-        pytest.skip("the fork build's ps-lite (libps.a, libzmq.a) was not found")
-    return exe
 
 
 def test_oversized_pull_reply_fails_the_worker_naming_the_server(tmp_path, client_exe):

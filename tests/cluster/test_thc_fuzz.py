@@ -1,5 +1,5 @@
 """A fuzz of the server's THC path: the real BytePS scheduler and server (the fork build) and two
-real ps-lite clients (tests/cluster/client/thc_client.cc), as in test_thc_server.py.
+real ps-lite clients (harness/thc_client.cc), as in test_thc_server.py.
 
 For FUZZ_ROUNDS norm rounds and FUZZ_ROUNDS data rounds on a registered THC key, at least one
 worker per round sends something broken (random lengths and bytes, truncated headers, wrong
@@ -24,16 +24,13 @@ from __future__ import annotations
 
 import os
 import struct
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "client"))
 import test_thc_server as ts
-import thc_cluster as tc
 from byteps_thc import ThcConfig
+from harness import pslite as tc
 
 pytestmark = pytest.mark.needs_fork("server")
 
@@ -46,13 +43,8 @@ INT_MAX = 2 ** 31 - 1
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    if not tc.have_tools():
-        pytest.skip("g++ not found")
-    exe = tc.build_client(tc.ROOT / "build" / "thc_client")
-    if exe is None:
-        pytest.skip("the fork build's ps-lite (libps.a, libzmq.a) was not found")
-    c = tc.Cluster(N, tmp_path_factory.mktemp("fuzz"), exe, tc.server_argv())
+def cluster(client_exe, tmp_path_factory):
+    c = tc.Cluster(N, tmp_path_factory.mktemp("fuzz"), client_exe, tc.server_argv())
     # node ids, by rank (clients[i] has rank i)
     c.node_ids = [int(c.clients[i].cmd("hello").split()[2]) for i in range(N)]
     yield c

@@ -1,5 +1,5 @@
 """The real BytePS scheduler and server (the fork build) on 127.0.0.1, driven by real ps-lite
-clients (tests/cluster/client/thc_client.cc) that send exactly what BytePS workers send, for 2 and
+clients (harness/thc_client.cc) that send exactly what BytePS workers send, for 2 and
 3 workers:
 
 - THC sums pulled from the server equal byteps_thc.ThcAggregator bit for bit, packed in the bits
@@ -14,15 +14,15 @@ clients (tests/cluster/client/thc_client.cc) that send exactly what BytePS worke
 """
 from __future__ import annotations
 
+import os
 import struct
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "client"))
-import thc_cluster as tc
+from harness import pslite as tc
+from harness import supervised
 
 byteps_thc = pytest.importorskip("byteps_thc")
 from byteps_thc import ThcConfig  # noqa: E402
@@ -30,16 +30,6 @@ from byteps_thc.thc import reference as R  # noqa: E402
 
 ROOT = tc.ROOT
 pytestmark = pytest.mark.needs_fork("server")  # the worker pipeline tests need torch's plugin too
-
-
-@pytest.fixture(scope="module")
-def client_exe(tmp_path_factory):
-    if not tc.have_tools():
-        pytest.skip("g++ not found")
-    exe = tc.build_client(ROOT / "build" / "thc_client")
-    if exe is None:
-        pytest.skip("the fork build's ps-lite (libps.a, libzmq.a) was not found")
-    return exe
 
 
 @pytest.fixture(scope="module", params=[2, 3], ids=["2workers", "3workers"])
@@ -389,26 +379,19 @@ def check_pipeline(out, n, steps, declared_key, xin, yout, part_elems, cast, ski
 
 
 def _run_local(n, tmp_path, steps, d, part_bytes, extra_env=None, timeout=300, servers=1):
-    import os
-    import signal
-    import subprocess
+    """`bpslaunch --local n` of worker_pipeline.py under the Supervisor: (exit code, output)."""
     env = dict(os.environ, BYTEPS_PARTITION_BYTES=str(part_bytes), **(extra_env or {}))
     fork = os.environ.get("BYTEPS_THC_FORK_DIR")  # tests/conftest.py: byteps from that build
     env["PYTHONPATH"] = os.pathsep.join(
         filter(None, [fork and os.path.abspath(fork), str(ROOT), env.get("PYTHONPATH")]))
     cmd = [sys.executable, "-m", "byteps_thc.launch", "--local", str(n), "--servers", str(servers),
            "--timeout", "240", "--",
-           sys.executable, str(ROOT / "tests" / "cluster" / "client" / "worker_pipeline.py"),
+           sys.executable, str(ROOT / "tests" / "cluster" / "scripts" / "worker_pipeline.py"),
            str(tmp_path), str(steps), str(d)]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
-    try:
-        log, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        log, _ = proc.communicate()
-        pytest.fail("the local cluster hung:\n" + log[-4000:])
-    return proc.returncode, log
+    run = supervised.run(cmd, env=env, timeout=timeout, name="bpslaunch")
+    if run.timed_out:
+        pytest.fail("the local cluster hung:\n" + run.output[-4000:])
+    return run.code, run.output
 
 
 @pytest.mark.needs_fork

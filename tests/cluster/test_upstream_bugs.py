@@ -13,20 +13,18 @@ NNNN --target DIR` and runs each test there through BYTEPS_THC_FORK_DIR):
   every compressed partition. At -O3 gcc emits no `ret`: after unlocking, it runs on into the
   lock-failure path (std::system_error "Success") and the worker aborts at the first push_pull.
 - 0012 (server): the first push of round k+1 was written into the buffer that still served
-  round k's pulls. Two ps-lite clients (tests/cluster/client) drive the real server in the
+  round k's pulls. Two ps-lite clients (harness/pslite.py) drive the real server in the
   order real workers can: A pulls round k, A pushes round k+1, then B pulls round k.
 """
 import os
 import re
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "client"))
-import thc_cluster as tc
+from harness import pslite as tc
 
 TIMEOUT = 300  # the whole cluster at most (a loaded 2-core machine starts torch slowly)
 FORK_DIR = os.environ.get("BYTEPS_THC_FORK_DIR", "")  # another build under test (conftest.py)
@@ -96,13 +94,8 @@ def test_0006_compressed_push_pull_does_not_crash(cluster, tmp_path):
 
 
 @pytest.fixture
-def client_cluster(tmp_path):
-    if not tc.have_tools():
-        pytest.skip("g++ not found")
-    exe = tc.build_client(Path(tc.ROOT) / "build" / "thc_client")
-    if exe is None:
-        pytest.skip("the fork build's ps-lite (libps.a, libzmq.a) was not found")
-    c = tc.Cluster(2, tmp_path, exe, tc.server_argv())
+def client_cluster(client_exe, tmp_path):
+    c = tc.Cluster(2, tmp_path, client_exe, tc.server_argv())
     yield c
     c.close()
 

@@ -1,6 +1,7 @@
 """An emulated cluster network on one Linux host: network namespaces, a bridge, tbf rate limits.
 
-Used by benchmarks/bench_network.py (and its smoke test). Needs root and iproute2 (`ip`, `tc`).
+Used by benchmarks/bench_network.py and benchmarks/bench_ddp.py (and the smoke tests of
+tests/cluster/test_bench_network.py). Needs root and iproute2 (`ip`, `tc`).
 
 Topology, every piece in a namespace this module creates (nothing is added to the host's own
 namespace):
@@ -316,7 +317,7 @@ def measure_tcp(net: EmulatedNetwork, src: str, dst: str, seconds: float = 2.0,
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.netem",
+    ap = argparse.ArgumentParser(prog="python -m harness.netem",
                                  description="Check the emulated network: TCP rate under tbf.")
     ap.add_argument("--rates", default="1,10,25", help="Gbit/s, comma-separated (1,10,25)")
     ap.add_argument("--seconds", type=float, default=2.0)

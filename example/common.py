@@ -5,8 +5,8 @@ The lines are read by others: "digits: ... steps/epoch" and "epoch N/M ... test 
 benchmarks/bench_network.py, "final test accuracy: ... parameter digest D" by it and the cluster
 tests, --stats-json by scripts/demo.py and tests/cluster/test_torch_train.py.
 
-The examples run as scripts, by path; each puts this folder (example/shared) first on sys.path
-and imports this module as `common`. It imports no framework (the MXNet example runs in its own
+The examples run as scripts, by path, and import this module as `from example import common`
+(example/__init__.py says how). It imports no framework (the MXNet example runs in its own
 environment).
 """
 import argparse

@@ -1,6 +1,6 @@
 """A real local BytePS cluster for tests and benchmarks: scheduler + one server from the fork build
 (`python -c 'import byteps.server'`, DMLC_ROLE=scheduler/server) on 127.0.0.1, and N ps-lite clients
-(tests/cluster/client/thc_client.cc) that push and pull exactly what BytePS workers send.
+(harness/thc_client.cc) that push and pull exactly what BytePS workers send.
 
 Every process runs in its own process group and is killed (group-wide) on close; every client
 command has a timeout, so nothing here can hang a test run.
@@ -21,8 +21,8 @@ from typing import Dict, List, Optional, Sequence
 
 from byteps_thc.launch.supervisor import kill_groups
 
-ROOT = Path(__file__).resolve().parents[3]
-CLIENT_SRC = ROOT / "tests" / "cluster" / "client" / "thc_client.cc"
+ROOT = Path(__file__).resolve().parents[1]
+CLIENT_SRC = ROOT / "harness" / "thc_client.cc"
 THC_WIRE_SRC = (ROOT / "csrc" / "byteps" / "src" / "byteps" / "common" / "compressor" / "impl"
                 / "thc_wire.cc")
 
@@ -70,10 +70,9 @@ def server_argv() -> List[str]:
     if lib:
         code = f"import ctypes; ctypes.CDLL({lib!r}, ctypes.RTLD_GLOBAL).byteps_server()"
         return [sys.executable, "-c", code]
-    fork_dir = os.environ.get("BYTEPS_THC_FORK_DIR")
-    if fork_dir:
-        code = (f"import sys; sys.path.insert(0, {fork_dir!r}); import byteps; "
-                "print('byteps from', byteps.__file__, flush=True); import byteps.server")
+    if os.environ.get("BYTEPS_THC_FORK_DIR"):  # first on the PYTHONPATH of Cluster's processes
+        code = ("import byteps; print('byteps from', byteps.__file__, flush=True); "
+                "import byteps.server")
         return [sys.executable, "-c", code]
     return [sys.executable, "-c", "import byteps.server"]
 
@@ -186,6 +185,10 @@ class Cluster:
         })
         if os.environ.get("BYTEPS_THC_SERVER_LIB"):
             base["BYTEPS_THC_SERVER_LIB"] = os.environ["BYTEPS_THC_SERVER_LIB"]
+        fork_dir = os.environ.get("BYTEPS_THC_FORK_DIR")  # server_argv: byteps from that build
+        if fork_dir:
+            base["PYTHONPATH"] = os.pathsep.join(
+                p for p in (os.path.abspath(fork_dir), base.get("PYTHONPATH")) if p)
         base.update(extra_env or {})
         self.procs: List[subprocess.Popen] = []
         self.server_log = self.dir / "server.log"
