@@ -9,10 +9,12 @@ here, so that the three adapters share one failure API and one refusal check.
 from __future__ import annotations
 
 import ctypes
-from typing import Mapping, Optional
+from typing import List, Mapping, Optional, Tuple
 
 # Reasons and refusals are a line or a short report; longer ones are cut to this size.
 _TEXT_BYTES = 4096
+# The open waits' list: the oldest ones that fit (a line is an id, a duration and a tensor name).
+_WAITS_BYTES = 1 << 16
 _REBUILD = {"torch": "make byteps", "tensorflow": "make byteps-tf", "mxnet": "make mxnet-env"}
 
 
@@ -47,6 +49,22 @@ class ForkLib:
         if not self._fn("byteps_thc_cluster_failed", "0044")(buf, ctypes.c_int(len(buf))):
             return None
         return buf.value.decode(errors="replace")
+
+    # -- open waits (thc_waits.h) ----------------------------------------------------------
+    def open_waits(self) -> Optional[List[Tuple[int, float, str]]]:
+        """The push_pulls this plugin's op is waiting for: [(id, seconds waited, tensor name)],
+        oldest first; None when this build has no such list (before patch 0096)."""
+        fn = getattr(self.lib, "byteps_thc_open_waits", None)
+        if fn is None:
+            return None
+        fn.restype = ctypes.c_int
+        buf = ctypes.create_string_buffer(_WAITS_BYTES)
+        fn(buf, ctypes.c_int(len(buf)))
+        waits = []
+        for line in buf.value.decode(errors="replace").splitlines():
+            wid, seconds, name = line.split("\t", 2)
+            waits.append((int(wid), float(seconds), name))
+        return waits
 
     # -- compressor kwargs (kwargs_check.h) --------------------------------------------------
     def compressor_refusal(self, name: str) -> str:

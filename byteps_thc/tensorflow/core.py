@@ -14,8 +14,10 @@ from typing import Dict, List, Mapping, Optional, Sequence
 import tensorflow as tf
 
 from .. import compression as _c
+from .. import waits as _waits
 from ..compression import Compressor
 from ..forklib import ForkLib
+from .folding import not_constant as _not_constant
 
 Average = "Average"
 Sum = "Sum"
@@ -243,6 +245,7 @@ def declare(name: str, kwargs: Optional[Mapping[str, str]] = None) -> None:
                                  "use one compression per tensor name")
             return
         lib = _fork_lib()
+        _watch_waits(lib)
         if _c.uses_vanilla_ef(kwargs):
             learning_rate_file()  # BytePS's vanilla EF opens ./lr.s with the compressor
         lib.declare_with_kwargs("byteps_tensorflow_declare_tensor_kwargs", "0092", name, kwargs)
@@ -254,6 +257,17 @@ def declare(name: str, kwargs: Optional[Mapping[str, str]] = None) -> None:
 
 def _fork_lib() -> ForkLib:
     return ForkLib(_ops().TF_LIB_CTYPES, "tensorflow")
+
+
+_WAITS: Optional[_waits.OpenWaitsLog] = None
+
+
+def _watch_waits(lib: ForkLib) -> None:
+    """From the first declare on, a push_pull the op has waited on for BYTEPS_THC_STALL_WARN is
+    logged, naming the tensor (byteps_thc.waits; the op keeps the open waits, thc_waits.h)."""
+    global _WAITS
+    if _WAITS is None and lib.open_waits() is not None:
+        _WAITS = _waits.OpenWaitsLog(lib.open_waits, rank()).start()
 
 
 def fail_cluster(why: str) -> None:
@@ -284,6 +298,8 @@ def _push_pull_one(tensor, name: str, compression: Compressor, average: bool):
     tensor = tf.convert_to_tensor(tensor)
     declare(name, compression.kwargs(tensor))
     wire, ctx = compression.compress(tensor)
+    if not tf.executing_eagerly() and tf.get_static_value(wire) is not None:
+        wire = _not_constant(wire, tf.zeros_like(wire))
     reduced = _ops().C_LIB.byteps_push_pull(wire, name=_op_name(name), input_name=name,
                                             average=bool(average))
     return compression.decompress(reduced, ctx)
@@ -355,7 +371,12 @@ def _broadcast_list(tensors: Sequence, names: Sequence[str], root_rank: int) -> 
         t = tf.convert_to_tensor(t)
         dtypes.append(t.dtype)
         w = tf.cast(t, _exact_dtype(t.dtype))
-        wires.append(w if me == root_rank else tf.zeros_like(w))
+        if me == root_rank:
+            wires.append(w)
+        elif tf.executing_eagerly():
+            wires.append(tf.zeros_like(w))
+        else:  # zeros that wait for `t` (after the step's updates), never folded to a constant
+            wires.append(_not_constant(tf.zeros_like(w), w))
     out = push_pull_list(wires, names, Compression.none, average=False)
     return [tf.cast(o, d) for o, d in zip(out, dtypes)]
 

@@ -125,3 +125,12 @@ def test_legacy_optimizer_refused(report):
 # ---- broadcast_variables ------------------------------------------------------------------------
 def test_broadcast_variables_takes_roots_values(report):
     report.check("broadcast_variables_takes_roots_values")
+
+
+# ---- Keras 3 learning-rate callbacks ------------------------------------------------------------
+def test_warmup_callback_sets_keras3_rate_and_corrects_momentum(report):
+    report.check("warmup_callback_sets_keras3_rate_and_corrects_momentum")
+
+
+def test_schedule_callback_refuses_a_schedule_rate(report):
+    report.check("schedule_callback_refuses_a_schedule_rate")

@@ -206,6 +206,60 @@ def check_broadcast_variables_takes_roots_values():
     assert v.numpy().tolist() == [3.0, -4.0]
 
 
+# ---- Keras 3 learning-rate callbacks (upstream's names; size() = 2 from the stand-in) -----------
+def check_warmup_callback_sets_keras3_rate_and_corrects_momentum():
+    from byteps_thc.tensorflow.callbacks import LearningRateWarmupCallback
+    net = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)], name="warm")
+    opt = keras.optimizers.SGD(0.1, momentum=0.9)
+    net.compile(optimizer=opt, loss="mse", jit_compile=False)
+    seen = []  # (epoch, batch, rate, velocity before the callback, velocity after it)
+
+    class Before(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            self.epoch = epoch
+
+        def on_train_batch_begin(self, batch, logs=None):
+            self.v = [m.numpy().copy() for m in opt.momentums] if opt.built else None
+
+    before = Before()
+
+    class After(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            v = [m.numpy().copy() for m in opt.momentums] if opt.built else None
+            seen.append((before.epoch, batch, float(opt.learning_rate.numpy()), before.v, v))
+
+    warm = LearningRateWarmupCallback(warmup_epochs=1, initial_lr=0.1)
+    xs = np.arange(32, dtype=np.float32).reshape(8, 4) / 32
+    hist = net.fit(xs, xs[:, :3], batch_size=2, epochs=2, shuffle=False, verbose=0,
+                   callbacks=[before, warm, After()])
+    # the warmup's rate at batch b of epoch 0 (4 steps an epoch, 2 workers):
+    # 0.1 / 2 * ((b + 1) / 4 * (2 - 1) / 1 + 1); from epoch 1 on it stays at 0.1
+    want = [0.05 * ((b + 1) / 4 + 1) for b in range(4)] + [0.1] * 4
+    got = [r for _, _, r, _, _ in seen]
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    assert hist.history["lr"] == [np.float32(0.1).item()] * 2, hist.history
+    # momentum correction: each change of the rate scales the velocity by new / old
+    for (_, b, rate, v0, v1), prev in zip(seen[1:], got):
+        if v0 is None:
+            continue
+        for a, c in zip(v0, v1):
+            np.testing.assert_allclose(c, a * (rate / prev), rtol=1e-5, atol=1e-9)
+    assert any(v0 is not None and np.any(v0[0]) for *_, v0, _ in seen[1:4])  # it was tested
+
+
+def check_schedule_callback_refuses_a_schedule_rate():
+    from byteps_thc.tensorflow.callbacks import LearningRateScheduleCallback
+    net = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)], name="sched")
+    decay = keras.optimizers.schedules.ExponentialDecay(0.1, 10, 0.5)
+    net.compile(optimizer=keras.optimizers.SGD(decay), loss="mse", jit_compile=False)
+    try:
+        net.fit(np.zeros((4, 4)), np.zeros((4, 3)), epochs=1, verbose=0,
+                callbacks=[LearningRateScheduleCallback(0.5, initial_lr=0.1)])
+        raise AssertionError("a schedule was accepted")
+    except ValueError as e:
+        assert "ExponentialDecay" in str(e) and "schedule" in str(e), e
+
+
 CHECKS = [f for name, f in list(globals().items()) if name.startswith("check_")]
 
 
