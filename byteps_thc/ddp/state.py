@@ -21,7 +21,10 @@ state"), and every parameter is in exactly one of them:
 So any bucket layout reads and writes the same residual; a rebuild neither resets nor mixes it.
 A second wrapper of the same model (same parameters, same bucket_cap_mb) meets its initial buckets
 in the same order, so a state loaded from `state_dict()` numbers them as the saved one did; the
-shapes are checked against the saved ones.
+shapes are checked against the saved ones. A state belongs to one model's parameters: once an
+iteration has ended, a bucket with a parameter it has not numbered raises ValueError (a state
+registered on another model's wrapper would otherwise start those parameters with no error
+feedback and step 0); `state_dict()` / `load_state_dict()` into a fresh state moves it.
 """
 from __future__ import annotations
 
@@ -143,6 +146,7 @@ class ThcHookState:
         self._owner: Dict[int, Tuple[Tuple[int, ...], int]] = {}  # index -> layout, rotated
         self._loose: Dict[int, torch.Tensor] = {}  # index -> textbook residual, own coordinates
         self._steps: Dict[Tuple[int, ...], int] = {}
+        self._sealed = False  # an iteration ended: every parameter of the model is numbered
         self.handshake_done = False
         self.device_type: Optional[str] = None  # of the first bucket; every bucket's must match
         self.pipeline = None  # hook._Pipeline, started on the first CPU bucket
@@ -171,6 +175,15 @@ class ThcHookState:
         for p in params:
             idx = self._param_index.get(id(p))
             if idx is None:
+                if self._sealed:
+                    raise ValueError(
+                        f"THC comm hook: a bucket holds a parameter (shape {tuple(p.shape)}, "
+                        f"{str(p.dtype).replace('torch.', '')}) that this ThcHookState has not "
+                        f"met in its first iteration (it numbered {len(self._param_refs)}): a "
+                        "state belongs to the parameters of one model. To move the hook's error "
+                        "feedback and steps to another model or a copy of it, call "
+                        "state.state_dict() and load_state_dict() it into a fresh ThcHookState "
+                        "registered on the new wrapper; for a new model, use a fresh state")
                 idx = len(self._param_refs)
                 sig = (tuple(p.shape), str(p.dtype).replace("torch.", ""))
                 if idx < len(self._shapes):  # loaded from a state_dict: must be the same model
@@ -200,8 +213,10 @@ class ThcHookState:
         return lay
 
     def end_iteration(self) -> None:
-        """The iteration's last bucket was handed over."""
+        """The iteration's last bucket was handed over: from now on a parameter the state has
+        not numbered is another model's (bucket_key refuses it)."""
         self.iteration += 1
+        self._sealed = True
 
     def step_of(self, key) -> int:
         return self._steps.get(key, 0)
