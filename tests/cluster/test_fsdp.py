@@ -1,13 +1,14 @@
 """THC as FSDP2's reduce-scatter (byteps_thc.fsdp) on real gloo process groups on 127.0.0.1.
 
-The ranks run scripts/fsdp_worker.py (calls of the comm as FSDP makes them). What they saved
-is checked against the NumPy reference's THC round of the same shards (byteps_thc.reference),
-with each shard's block and seed derived here from the rules the docs state, never by the
-comm's code.
+The ranks run scripts/fsdp_worker.py (calls of the comm as FSDP makes them) or
+example/pytorch/train_digits_fsdp.py (training under fully_shard). What they saved is checked
+against the NumPy reference's THC round of the same shards (byteps_thc.reference), with each
+shard's block and seed derived here from the rules the docs state, never by the comm's code.
 """
 import hashlib
 import math
 import os
+import re
 import sys
 
 import numpy as np
@@ -15,7 +16,8 @@ import pytest
 import torch
 
 from byteps_thc import ThcConfig, reference
-from test_ddp_hook import run_ranks
+from conftest import ROOT
+from test_ddp_hook import run_ranks, run_torchrun
 
 SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts")
 sys.path.insert(0, SCRIPTS)
@@ -126,3 +128,21 @@ def test_refusals_name_the_bad_value_on_every_rank(tmp_path):
         assert r["load_config"].startswith("refused: ") and "same ones" in r["load_config"]
         assert r["load_ef"].startswith("refused: ") and "error_feedback" in r["load_ef"]
         assert r["load_world"].startswith("refused: ") and "of 3" in r["load_world"]
+
+
+def run_digits(n, compressor, *extra):
+    text = run_torchrun(n, os.path.join(ROOT, "example", "pytorch", "train_digits_fsdp.py"),
+                        ["--compressor", compressor, *extra])
+    finals = re.findall(r"final test accuracy: ([0-9.]+) .*?parameter digest ([0-9a-f]{16})",
+                        text, re.S)
+    assert len(finals) == n, text[-4000:]
+    return [(float(acc), digest) for acc, digest in finals]
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_digits_under_fully_shard_within_one_point_of_plain_fsdp(n):
+    plain, thc = run_digits(n, "none"), run_digits(n, "thc")
+    for ranks in (plain, thc):  # every rank gathers the same parameters
+        assert len({digest for _, digest in ranks}) == 1, ranks
+    assert plain[0][1] != thc[0][1]  # THC did change the gradients
+    assert abs(thc[0][0] - plain[0][0]) <= 0.01, (thc, plain)
