@@ -1,6 +1,8 @@
 """thc_hook: THC as a DDP communication hook, with no parameter server.
 
-For one bucket of d values on n ranks (`ThcHookState` holds the configuration and the state):
+For one bucket of d values on n ranks (`ThcHookState` holds the configuration and the state);
+steps 1-4 are the THC collective's (byteps_thc.collective.rounds), which FSDP's reduce-scatter
+(byteps_thc.fsdp) shares:
 
 1. Norm round: every rank computes the norm of x = gradient + its error-feedback residual
    (sqrt(sum(y^2)/B) of the rotation y, residual included), and one `all_reduce(MAX)` of
@@ -72,13 +74,12 @@ import math
 import queue
 import threading
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
+from ..collective import rounds
 from .state import Layout, ThcHookState
 
-_FLT_MAX = float(np.finfo(np.float32).max)
 # the all_gather into one tensor (the older name is deprecated where the newer exists)
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
@@ -89,32 +90,21 @@ def _done(value: torch.Tensor) -> torch.futures.Future:
     return fut
 
 
-def _norm_vector(state: ThcHookState, norm: float, bad: bool, device) -> torch.Tensor:
-    words = state.fingerprint_words()
-    return torch.tensor([0.0 if bad else norm, 1.0 if bad else 0.0] + words + [-w for w in words],
-                        dtype=torch.float64, device=device)
-
-
-def _agreed(state: ThcHookState, vec: torch.Tensor) -> float:
-    """Step 1's result: the max norm, or NaN when any rank's was not finite; raises when the
-    ranks' fingerprints differ."""
-    v = vec.cpu().tolist()
-    hi, lo = v[2:5], [-w for w in v[5:8]]
-    if hi != lo:
-        raise ValueError(
-            "THC comm hook: the ranks' configurations differ (fingerprint words range from "
-            f"{lo} to {hi}; this rank has {state.fingerprint_words()}, config {state.config}, "
-            f"min_compress_bytes={state.min_compress_bytes}, start_iter={state.start_iter}): "
-            "construct ThcHookState with the same config and settings on every rank")
-    return math.nan if v[1] != 0.0 else v[0]
+def _mismatch(state: ThcHookState):
+    def message(lo, hi):
+        return ("THC comm hook: the ranks' configurations differ (fingerprint words range from "
+                f"{lo} to {hi}; this rank has {state.fingerprint_words()}, config {state.config}, "
+                f"min_compress_bytes={state.min_compress_bytes}, start_iter={state.start_iter}): "
+                "construct ThcHookState with the same config and settings on every rank")
+    return message
 
 
 def _handshake(state: ThcHookState, device) -> None:
     """The first call's fingerprint check, before warm-up or size decides the path: ranks that
     disagree on min_compress_bytes or start_iter would otherwise issue different collectives."""
-    vec = _norm_vector(state, 0.0, False, device)
+    vec = rounds.norm_vector([0.0], False, state.fingerprint_words(), device)
     dist.all_reduce(vec, op=dist.ReduceOp.MAX, group=state.process_group)
-    _agreed(state, vec)
+    rounds.agreed(vec, 1, _mismatch(state))
     state.handshake_done = True
 
 
@@ -141,37 +131,21 @@ def _compressed(state: ThcHookState, lay: Layout, buf: torch.Tensor):
                 x[lo:hi] += p.to(x.device)
     # the step before the norm: setting it drops the rotation the norm keeps for the encode
     codec.step = state.step_of(lay.key)
-    try:
-        norm, bad = codec.norm(x), False                                        # 1
-    except ValueError:  # NaN/Inf in the gradient or the residual
-        norm, bad = math.nan, True
-    vec = _norm_vector(state, norm, bad, buf.device)
-    yield dist.all_reduce(vec, op=dist.ReduceOp.MAX, group=group, async_op=True)
-    m = _agreed(state, vec)
+    parts = [(codec, x)]
+    ms = yield from rounds.norm_round(group, parts, state.fingerprint_words(),  # 1
+                                      buf.device, _mismatch(state))
+    m = math.nan if ms is None else ms[0]
     if state.trace is not None:
         state.trace.append((lay.key, m))
-    # M this large could overflow float32 in the rotation or the scales (|y| <= sqrt(B)*M):
-    # treated as non-finite, the same on every rank since M and B are agreed
-    if not math.isfinite(m) or m * math.sqrt(codec.block) * (1.0 + lay.cfg.clip) * 4.0 >= _FLT_MAX:
+    if not math.isfinite(m) or rounds.too_large(m, codec.block, lay.cfg.clip):
         state.stats["nonfinite_steps"] += 1
         return flat.fill_(math.nan).view(buf.shape)
 
-    if cpu:                                                                     # 2
-        codec.encode(x, m, out=lay.payload.numpy())
-        payload = lay.payload
-    else:
-        payload = codec.encode(x, m)
+    ex = lay.exchange
+    rounds.encode(ex, parts, [m], [(0, codec.payload_bytes)])                 # 2
     state.commit(lay)
-    mine = lay.mine
-    yield dist.all_to_all_single(lay.recv, payload, [mine] * n, lay.in_splits,  # 3
-                                 group=group, async_op=True)
-
-    if lay.shard_agg is not None:                                               # 4
-        agg = lay.shard_agg
-        agg.reset()
-        for part in lay.recv_parts:
-            agg.add(part)
-        sums = agg.result()
+    sums = yield from rounds.exchange_sums(group, ex)                          # 3, 4
+    if sums is not None:
         sums = (torch.from_numpy(sums) if cpu else sums).reshape(-1).view(torch.uint8)
         lay.own[:sums.numel()] = sums
     yield _all_gather(lay.gathered, lay.own, group=group,                       # 5
@@ -183,7 +157,8 @@ def _compressed(state: ThcHookState, lay: Layout, buf: torch.Tensor):
         mean = codec.decode(lay.lanes, m, n, out=lay.scratch("out").numpy() if cpu else None)
         flat.copy_(lay.scratch("out") if cpu else mean)
     state.stats["buckets_compressed"] += 1
-    state.stats["bytes_sent"] += (payload.numel() - mine) + (n - 1) * lay.width
+    mine = lay.mine
+    state.stats["bytes_sent"] += (codec.payload_bytes - mine) + (n - 1) * lay.width
     state.stats["bytes_received"] += (n - 1) * mine + (n - 1) * lay.width
     return flat.view(buf.shape)
 
@@ -310,7 +285,7 @@ def thc_hook(state: ThcHookState, bucket: dist.GradBucket) -> torch.futures.Futu
             gen = _compressed(state, state.layout(key, params, buf.numel(), device), buf)
     finally:
         if last:
-            state.iteration += 1
+            state.end_iteration()
     if device.type != "cpu":
         return _inline(gen)
     if state.pipeline is None:

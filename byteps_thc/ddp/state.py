@@ -21,7 +21,10 @@ state"), and every parameter is in exactly one of them:
 So any bucket layout reads and writes the same residual; a rebuild neither resets nor mixes it.
 A second wrapper of the same model (same parameters, same bucket_cap_mb) meets its initial buckets
 in the same order, so a state loaded from `state_dict()` numbers them as the saved one did; the
-shapes are checked against the saved ones.
+shapes are checked against the saved ones. A state belongs to one model's parameters: once an
+iteration has ended, a bucket with a parameter it has not numbered raises ValueError (a state
+registered on another model's wrapper would otherwise start those parameters with no error
+feedback and step 0); `state_dict()` / `load_state_dict()` into a fresh state moves it.
 """
 from __future__ import annotations
 
@@ -34,11 +37,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from .. import _C
-from ..thc.codec import ThcAggregator, ThcCodec
-from ..thc.config import ThcConfig
-from ..thc.reference import sign_bits
-from . import geometry
+from .. import ThcCodec, ThcConfig
+from ..collective import geometry, rounds
+from ..collective.rounds import default_config, lane_bits_for, unrotate
 
 log = logging.getLogger("byteps_thc.ddp")
 
@@ -49,37 +50,6 @@ _LANE_DTYPE = {1: (np.uint8, torch.uint8), 2: (np.uint16, torch.uint16),
                4: (np.uint32, torch.uint32)}
 
 
-def default_config(num_ranks: int) -> ThcConfig:
-    """ThcConfig.for_workers(n): the least-error granularity whose n-rank sums fit 8-bit lanes;
-    16-bit lanes from 18 ranks on (where 8 bits no longer hold n*(2^4 - 1))."""
-    try:
-        return ThcConfig.for_workers(num_ranks)
-    except ValueError:
-        return ThcConfig.for_workers(num_ranks, downstream_bits=16)
-
-
-def lane_bits_for(config: ThcConfig, world_size: int) -> int:
-    """The sum lanes of `config` at `world_size` ranks (8, 16 or 32 bits): the check the state's
-    constructor makes. Raises ValueError, naming the ranks and the granularity, when n*g does not
-    fit a 32-bit lane (at the largest granularity, 2^24 - 1, that is from 257 ranks on)."""
-    if world_size > _C.MAX_WORKERS:
-        raise ValueError(f"world size {world_size} exceeds the codec's {_C.MAX_WORKERS} workers")
-    try:
-        return config.lane_bits(world_size)
-    except ValueError as e:
-        raise ValueError(f"THC config refused for {world_size} ranks: {e}") from None
-
-
-def unrotate(cfg: ThcConfig, block: int, padded: int, residual: np.ndarray, d: int) -> np.ndarray:
-    """The textbook residual of a rotated one: sign * Hu(r) / B, its first d floats (binary32:
-    the transform, then the exact scaling by 1/B, then the sign flips)."""
-    w = _C.fwht(np.ascontiguousarray(residual, dtype=np.float32), block)
-    w *= np.float32(1.0 / block)
-    bits = w.view(np.uint32)
-    bits ^= sign_bits(cfg.seed, padded).astype(np.uint32) << np.uint32(31)
-    return w[:d].copy()
-
-
 def _check_nonneg_int(name, value):
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"{name}={value!r} must be an integer >= 0")
@@ -87,8 +57,9 @@ def _check_nonneg_int(name, value):
 
 
 class Layout:
-    """One bucket layout (key, size): its codec (with the rotated residual), its shard aggregator
-    and the buffers every round of it reuses (no allocation per call)."""
+    """One bucket layout (key, size): its codec (with the rotated residual), its exchange (the
+    payload, the received bytes and the shard's aggregator) and the buffers every round of it
+    reuses (no allocation per call)."""
 
     def __init__(self, state: "ThcHookState", key, d: int, offsets, device):
         n, rank = state.world_size, state.rank
@@ -98,28 +69,23 @@ class Layout:
         self.codec = ThcCodec(self.cfg, d, rank=rank)
         self.bounds = geometry.shard_bounds(self.codec.padded, n)
         lo, hi = self.bounds[rank]
-        self.shard_agg = (ThcAggregator(geometry.shard_config(self.cfg), hi - lo, n)
-                          if hi > lo else None)
         ranges = [geometry.byte_range(s, e, self.cfg.bits) for s, e in self.bounds]
         self.in_splits = [b - a for a, b in ranges]
-        self.mine = self.in_splits[rank]
+        # steps 1-4 are the shared collective's: one partition, its payload cut by shards
+        self.exchange = rounds.Exchange(geometry.shard_config(self.cfg), self.codec.payload_bytes,
+                                        self.in_splits, hi - lo, n, rank, device)
+        self.mine = self.exchange.mine
         self.lane_bytes = state.lane_bits // 8
         per = self.bounds[0][1] - self.bounds[0][0]
         self.width = per * self.lane_bytes   # every rank's gathered bytes, padded to shard 0's
         u8 = dict(dtype=torch.uint8, device=device)
-        self.payload = torch.empty(self.codec.payload_bytes, **u8)
-        self.recv = torch.empty(self.mine * n, **u8)
         self.own = torch.zeros(self.width, **u8)  # bytes past this shard's sums stay zero
         self.gathered = torch.empty(self.width * n, **u8)
         # shard j's sums sit at [j*width, ...): all shards but the last are full, so the first
         # padded lanes of `gathered` are the whole bucket's sums in order
         np_lane, torch_lane = _LANE_DTYPE[self.lane_bytes]
         lanes = self.gathered[:self.codec.padded * self.lane_bytes]
-        parts = [self.recv[j * self.mine:(j + 1) * self.mine] for j in range(n)]
-        if device.type == "cpu":  # the codec takes NumPy views without a conversion per call
-            self.lanes, self.recv_parts = lanes.numpy().view(np_lane), [p.numpy() for p in parts]
-        else:
-            self.lanes, self.recv_parts = lanes.view(torch_lane), parts
+        self.lanes = lanes.numpy().view(np_lane) if device.type == "cpu" else lanes.view(torch_lane)
         self._scratch: Dict[str, torch.Tensor] = {}
 
     def scratch(self, name: str) -> torch.Tensor:
@@ -180,6 +146,7 @@ class ThcHookState:
         self._owner: Dict[int, Tuple[Tuple[int, ...], int]] = {}  # index -> layout, rotated
         self._loose: Dict[int, torch.Tensor] = {}  # index -> textbook residual, own coordinates
         self._steps: Dict[Tuple[int, ...], int] = {}
+        self._sealed = False  # an iteration ended: every parameter of the model is numbered
         self.handshake_done = False
         self.device_type: Optional[str] = None  # of the first bucket; every bucket's must match
         self.pipeline = None  # hook._Pipeline, started on the first CPU bucket
@@ -199,8 +166,7 @@ class ThcHookState:
 
     def fingerprint_words(self) -> List[float]:
         """The fingerprint as three floats exact in binary64 (22, 21 and 21 bits)."""
-        f = self.fingerprint()
-        return [float(f & 0x3FFFFF), float((f >> 22) & 0x1FFFFF), float(f >> 43)]
+        return rounds.fingerprint_words(self.fingerprint())
 
     # -- keys -------------------------------------------------------------------------------
     def bucket_key(self, params) -> Tuple[int, ...]:
@@ -209,6 +175,15 @@ class ThcHookState:
         for p in params:
             idx = self._param_index.get(id(p))
             if idx is None:
+                if self._sealed:
+                    raise ValueError(
+                        f"THC comm hook: a bucket holds a parameter (shape {tuple(p.shape)}, "
+                        f"{str(p.dtype).replace('torch.', '')}) that this ThcHookState has not "
+                        f"met in its first iteration (it numbered {len(self._param_refs)}): a "
+                        "state belongs to the parameters of one model. To move the hook's error "
+                        "feedback and steps to another model or a copy of it, call "
+                        "state.state_dict() and load_state_dict() it into a fresh ThcHookState "
+                        "registered on the new wrapper; for a new model, use a fresh state")
                 idx = len(self._param_refs)
                 sig = (tuple(p.shape), str(p.dtype).replace("torch.", ""))
                 if idx < len(self._shapes):  # loaded from a state_dict: must be the same model
@@ -236,6 +211,12 @@ class ThcHookState:
             lay = Layout(self, key, d, offsets, device)
             self._layouts[(key, d)] = lay
         return lay
+
+    def end_iteration(self) -> None:
+        """The iteration's last bucket was handed over: from now on a parameter the state has
+        not numbered is another model's (bucket_key refuses it)."""
+        self.iteration += 1
+        self._sealed = True
 
     def step_of(self, key) -> int:
         return self._steps.get(key, 0)

@@ -26,14 +26,14 @@ from tests.cluster.scripts import ddp_worker as worker
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "ddp_worker.py")
 
 
-def run_ranks(n, args, out_dir, timeout=240):
-    """Run n ranks of the worker; return each rank's saved dict. Fails with the logs."""
+def run_ranks(n, args, out_dir, timeout=240, worker=WORKER):
+    """Run n ranks of the worker script; return each rank's saved dict. Fails with the logs."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DMLC_", "BYTEPS_"))}
     env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(n),
                OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
                PYTHONPATH=os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH")) if p))
-    argv = [sys.executable, WORKER, args[0], str(out_dir), *args[1:]]
+    argv = [sys.executable, worker, args[0], str(out_dir), *args[1:]]
     specs = [ProcSpec(f"rank {r}", "worker", argv, dict(env, RANK=str(r)), ROOT)
              for r in range(n)]
     sup = Supervisor(specs, err=io.StringIO(), echo=False, keep_lines=True, grace=60,
@@ -242,6 +242,14 @@ def test_mismatched_configuration_is_refused_on_every_rank(tmp_path, what):
         assert "configurations differ" in r["result"]
 
 
+def test_a_state_on_another_models_wrapper_is_refused_naming_the_state_dict(tmp_path):
+    for r in run_ranks(2, ["second"], tmp_path):
+        assert r["second"].startswith("refused: "), r["second"]
+        assert "has not met" in r["second"] and "load_state_dict" in r["second"]
+        assert r["moved"] == "accepted"
+        assert r["steps"] and all(s == 2 for s in r["steps"])  # continued from 1, not reset
+
+
 def test_world_size_one_returns_the_gradient(tmp_path):
     (r0,) = run_ranks(1, ["single"], tmp_path)
     for s, grads in enumerate(r0["grads"]):
@@ -250,12 +258,10 @@ def test_world_size_one_returns_the_gradient(tmp_path):
     assert r0["stats"]["buckets_compressed"] == 0
 
 
-def run_digits(n, compressor, timeout=300):
-    """example/pytorch/train_digits_ddp.py under torchrun; [(accuracy, digest)] of every rank."""
+def run_torchrun(n, script, args, timeout=300):
+    """`script args` under torchrun with n ranks (gloo, CPU); returns the ranks' shared output."""
     argv = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={n}",
-            "--master-addr=127.0.0.1", f"--master-port={free_port()}",
-            os.path.join(ROOT, "example", "pytorch", "train_digits_ddp.py"),
-            "--compressor", compressor]
+            "--master-addr=127.0.0.1", f"--master-port={free_port()}", script, *args]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DMLC_", "BYTEPS_"))}
     env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
                PYTHONPATH=os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH")) if p))
@@ -266,6 +272,13 @@ def run_digits(n, compressor, timeout=300):
         outcome = sup.wait()
     text = sup.logs["torchrun"].text()
     assert outcome.kind == "ok", f"{outcome.message}\n{text[-4000:]}"
+    return text
+
+
+def run_digits(n, compressor, timeout=300):
+    """example/pytorch/train_digits_ddp.py under torchrun; [(accuracy, digest)] of every rank."""
+    text = run_torchrun(n, os.path.join(ROOT, "example", "pytorch", "train_digits_ddp.py"),
+                        ["--compressor", compressor], timeout)
     # the ranks share torchrun's stdout: a line may break where another rank's begins
     finals = re.findall(r"final test accuracy: ([0-9.]+) .*?parameter digest ([0-9a-f]{16})",
                         text, re.S)

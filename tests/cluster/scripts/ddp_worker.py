@@ -116,6 +116,32 @@ def run_mismatch(rank, n, out, what):
     torch.save({"result": result}, os.path.join(out, f"rank{rank}.pt"))
 
 
+def attempt(model, grads):
+    try:
+        step(model, grads)
+        return "accepted"
+    except (ValueError, RuntimeError) as e:  # DDP re-raises the hook's error as it comes
+        return "refused: " + str(e)
+
+
+def run_second(rank, n, out):
+    """A state that has run an iteration, registered on another model's wrapper: refused; the
+    way the refusal names (its state_dict loaded into a fresh state there): accepted."""
+    state = ThcHookState(min_compress_bytes=1024)
+    step(wrap(Net(torch.float32), state, []), inputs(rank, 0, SHAPES))
+    other = DDP(Net(torch.float32), bucket_cap_mb=BUCKET_MB)
+    other.register_comm_hook(state, thc_hook)
+    second = attempt(other, inputs(rank, 2, SHAPES))  # step 1 holds worker.NONFINITE
+    fresh = ThcHookState(min_compress_bytes=1024)
+    fresh.load_state_dict(state.state_dict())
+    moved = DDP(Net(torch.float32), bucket_cap_mb=BUCKET_MB)
+    moved.register_comm_hook(fresh, thc_hook)
+    moved_result = attempt(moved, inputs(rank, 2, SHAPES))
+    torch.save({"second": second, "moved": moved_result,
+                "steps": [s for _, s in fresh.state_dict()["steps"]]},
+               os.path.join(out, f"rank{rank}.pt"))
+
+
 def run_single(rank, n, out):
     state = ThcHookState(min_compress_bytes=0)
     net = Net(torch.float32)
@@ -134,6 +160,8 @@ def main():
         run_exact(rank, n, out, sys.argv[3], int(sys.argv[4]))
     elif scenario == "mismatch":
         run_mismatch(rank, n, out, sys.argv[3])
+    elif scenario == "second":
+        run_second(rank, n, out)
     elif scenario == "single":
         run_single(rank, n, out)
     else:

@@ -1,0 +1,227 @@
+#!/usr/bin/env python3
+"""FSDP2 on an emulated network: plain fp32, a bf16 reduce_dtype, and THC's reduce-scatter.
+
+Run as root (network namespaces, tc), on bench_network.py's network (benchmarks/netem.py: one
+namespace per rank, a bridge, tbf on every link, 198.18.0.0/15 only). Each run starts one rank per
+namespace (gloo over eth0) under the launcher's Supervisor:
+
+    sudo .venv/bin/python benchmarks/bench_fsdp.py --models resnet50 --bandwidths 1 \\
+        --json benchmarks/results/bench_fsdp.json
+
+Workload: a replay model's real parameter shapes (byteps_thc.advisor.models), cut in param
+groups of about --group-mb each (each its own fully_shard module), fixed synthetic gradients (the
+loss is sum_i <p_i, g_i>), no compute time. Systems:
+  fp32   FSDP's own reduce-scatter in float32
+  bf16   MixedPrecisionPolicy(reduce_dtype=torch.bfloat16): the 16-bit baseline
+  thc    byteps_thc.fsdp.ThcReduceScatter on every group (defaults: b = 4, fp32 error feedback)
+Every system all-gathers the float32 parameters in the forward pass alike; the bytes per step are
+the all-gather's plus the reduce-scatter's (eth0 counters, headers included: sent + received, of
+rank 0). Step time is the median over the measured steps. Each record has the load average
+before and after it: the host's cores are shared by every rank and by other work, so compare
+within one run, as ratios.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+from benchmarks.netem import CleanupOnSignal, EmulatedNetwork, available, cleanup_stale  # noqa: E402
+from byteps_thc.launch.supervisor import ProcSpec, Supervisor  # noqa: E402
+
+SYSTEMS = ("fp32", "bf16", "thc")
+TAG = "FSDPRESULT "
+PORT = 29450
+
+
+def _eth0(stat):
+    with open(f"/sys/class/net/eth0/statistics/{stat}") as f:
+        return int(f.read())
+
+
+def groups_of(shapes, group_mb):
+    """Consecutive shapes in groups of about group_mb MiB of float32 (at least one each)."""
+    out, cur, size = [], [], 0
+    for s in shapes:
+        n = 1
+        for k in s:
+            n *= k
+        cur.append(s)
+        size += 4 * n
+        if size >= group_mb * 2 ** 20:
+            out.append(cur)
+            cur, size = [], 0
+    if cur:
+        out.append(cur)
+    return out
+
+
+def worker(a) -> int:
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    from byteps_thc.advisor import models
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    groups = groups_of(models.model_shapes(a.model), a.group_mb)
+
+    class Group(torch.nn.Module):
+        def __init__(self, shapes):
+            super().__init__()
+            self.ps = torch.nn.ParameterList([torch.nn.Parameter(torch.zeros(s)) for s in shapes])
+
+        def forward(self, gs):  # the gradient of p_i is g_i
+            return sum((p * g).sum() for p, g in zip(self.ps, gs))
+
+    class Replay(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.groups = torch.nn.ModuleList([Group(s) for s in groups])
+
+        def forward(self, gss):
+            return sum(g(gs) for g, gs in zip(self.groups, gss))
+
+    net = Replay()
+    policy = MixedPrecisionPolicy(reduce_dtype=torch.bfloat16 if a.system == "bf16" else None)
+    comms = []
+    for i, g in enumerate(net.groups):
+        fully_shard(g, mp_policy=policy)
+        if a.system == "thc":
+            from byteps_thc.fsdp import ThcReduceScatter
+            comms.append(ThcReduceScatter(key=i))
+            g.set_custom_reduce_scatter(comms[-1])
+    fully_shard(net, mp_policy=policy)
+    gen = torch.Generator().manual_seed(rank)
+    grads = [[torch.randn(s, generator=gen) * 0.01 for s in shapes] for shapes in groups]
+
+    def step():
+        net.zero_grad(set_to_none=True)
+        net(grads).backward()
+
+    for _ in range(a.warmup):
+        step()
+    dist.barrier()
+    times = []
+    tx0, rx0, cpu0 = _eth0("tx_bytes"), _eth0("rx_bytes"), time.process_time()
+    for _ in range(a.steps):
+        t = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t)
+    tx1, rx1, cpu1 = _eth0("tx_bytes"), _eth0("rx_bytes"), time.process_time()
+    dist.barrier()
+    if rank == 0:
+        rec = {"step_s": statistics.median(times), "step_times_s": times,
+               "bytes_per_step": (tx1 - tx0 + rx1 - rx0) / a.steps,
+               "cpu_s_per_step": (cpu1 - cpu0) / a.steps,
+               "params": sum(p.numel() for p in net.parameters()), "groups": len(groups)}
+        if comms:
+            rec["thc_residual_bytes"] = sum(c.residual_bytes() for c in comms)
+        print(TAG + json.dumps(rec), flush=True)
+    dist.destroy_process_group()
+    return 0
+
+
+def run(net, a, model, system, bw):
+    load0 = os.getloadavg()[0]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DMLC_", "BYTEPS_"))}
+    env.update(PYTHONPATH=ROOT, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1",
+               MASTER_ADDR=net.addr["w0"], MASTER_PORT=str(PORT), WORLD_SIZE=str(a.ranks),
+               GLOO_SOCKET_IFNAME="eth0")
+    argv = [sys.executable, os.path.abspath(__file__), "--worker", "--model", model, "--system",
+            system, "--steps", str(a.steps), "--warmup", str(a.warmup),
+            "--group-mb", str(a.group_mb)]
+    specs = [ProcSpec(f"rank {r}", "worker", net.argv(f"w{r}", argv), dict(env, RANK=str(r)))
+             for r in range(a.ranks)]
+    sup = Supervisor(specs, echo=False, keep_lines=True, err=sys.stderr, tag="bench_fsdp",
+                     grace=30.0, timeout=a.run_timeout, shutdown_timeout=5.0, poll_interval=0.2)
+    try:
+        with sup:
+            outcome = sup.wait()
+    finally:
+        net.kill_all()
+    rec = {"model": model, "system": system, "gbit": bw, "ranks": a.ranks,
+           "group_mb": a.group_mb, "status": outcome.kind, "loadavg": [load0, os.getloadavg()[0]]}
+    for _, line in sup.logs["rank 0"].lines:
+        if line.startswith(TAG):
+            rec.update(json.loads(line[len(TAG):]))
+    if "step_s" not in rec:
+        rec["error"] = outcome.message
+        rec["log_tail"] = {n: sup.logs[n].tail(30) for n in sup.logs}
+    return rec
+
+
+def table(records):
+    rows = ["model      Gbit/s  system  step s   x fp32  MB/step  x fp32  load"]
+    base = {(r["model"], r["gbit"]): r for r in records if r["system"] == "fp32" and "step_s" in r}
+    for r in records:
+        if "step_s" not in r:
+            rows.append(f"{r['model']:<10} {r['gbit']:>6g}  {r['system']:<6}  {r['status']}")
+            continue
+        b = base.get((r["model"], r["gbit"]))
+        ts = f"{r['step_s'] / b['step_s']:.2f}" if b else "-"
+        bs = f"{r['bytes_per_step'] / b['bytes_per_step']:.2f}" if b else "-"
+        rows.append(f"{r['model']:<10} {r['gbit']:>6g}  {r['system']:<6}  {r['step_s']:7.3f}  "
+                    f"{ts:>6}  {r['bytes_per_step'] / 1e6:7.1f}  {bs:>6}  "
+                    f"{r['loadavg'][0]:.1f}-{r['loadavg'][1]:.1f}")
+    return "\n".join(rows)
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", default="resnet50")
+    ap.add_argument("--bandwidths", default="1", help="Gbit/s per link")
+    ap.add_argument("--systems", default=",".join(SYSTEMS))
+    ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--group-mb", type=float, default=25.0)
+    ap.add_argument("--run-timeout", type=float, default=300.0)
+    ap.add_argument("--json", metavar="PATH", help="write the records here")
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--model", help=argparse.SUPPRESS)
+    ap.add_argument("--system", choices=SYSTEMS, help=argparse.SUPPRESS)
+    return ap.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    a = parse_args(argv)
+    if a.worker:
+        return worker(a)
+    why = available()
+    if why:
+        print(f"bench_fsdp: {why}", file=sys.stderr)
+        return 2
+    systems = a.systems.split(",")
+    bad = [s for s in systems if s not in SYSTEMS]
+    if bad:
+        print(f"bench_fsdp: unknown systems {bad}; known: {', '.join(SYSTEMS)}", file=sys.stderr)
+        return 2
+    cleanup_stale()
+    records = []
+    with CleanupOnSignal(), EmulatedNetwork([f"w{r}" for r in range(a.ranks)]) as net:
+        for bw in (float(b) for b in a.bandwidths.split(",")):
+            net.set_rate(bw)
+            for model in a.models.split(","):
+                for system in systems:
+                    rec = run(net, a, model, system, bw)
+                    print(json.dumps(rec), flush=True)
+                    records.append(rec)
+                    if a.json:
+                        with open(a.json, "w") as f:
+                            json.dump(records, f, indent=1)
+    print(table(records))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
