@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """FSDP2 on an emulated network: plain fp32, a bf16 reduce_dtype, and THC's reduce-scatter.
 
-Run as root (network namespaces, tc), on bench_network.py's network (benchmarks/netem.py: one
+Run as root (network namespaces, tc), on bench_network.py's network (harness/netem.py: one
 namespace per rank, a bridge, tbf on every link, 198.18.0.0/15 only). Each run starts one rank per
 namespace (gloo over eth0) under the launcher's Supervisor:
 
@@ -29,12 +29,10 @@ import statistics
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
+from byteps_thc.launch.supervisor import ProcSpec, Supervisor
+from harness.netem import CleanupOnSignal, EmulatedNetwork, available, cleanup_stale
 
-from benchmarks.netem import CleanupOnSignal, EmulatedNetwork, available, cleanup_stale  # noqa: E402
-from byteps_thc.launch.supervisor import ProcSpec, Supervisor  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 SYSTEMS = ("fp32", "bf16", "thc")
 TAG = "FSDPRESULT "

@@ -20,14 +20,12 @@ import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                "shared"))
-import example_common as common
 from digits_torch import Digits, make_model, train
+from example import common
 
 
 class Group:
-    """What example_common.finish needs of a launcher: rank, size, shutdown."""
+    """What example.common.finish needs of a launcher: rank, size, shutdown."""
 
     def rank(self):
         return dist.get_rank()

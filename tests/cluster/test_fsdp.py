@@ -9,7 +9,6 @@ import hashlib
 import math
 import os
 import re
-import sys
 
 import numpy as np
 import pytest
@@ -18,10 +17,9 @@ import torch
 from byteps_thc import ThcConfig, reference
 from conftest import ROOT
 from test_ddp_hook import run_ranks, run_torchrun
+from tests.cluster.scripts import fsdp_worker as worker
 
 SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts")
-sys.path.insert(0, SCRIPTS)
-import fsdp_worker as worker  # noqa: E402
 
 WORKER = os.path.join(SCRIPTS, "fsdp_worker.py")
 STEPS, MORE = 4, 2  # the worker's steps before the state_dict, and after it
