@@ -39,6 +39,7 @@ from typing import Dict, List, Optional
 
 import torch
 
+from . import env
 from . import torch as _bt
 from . import waits as _waits
 
@@ -212,6 +213,10 @@ def CrossBarrier(model, optimizer, named_parameters=None, compression=None,
     """Wrap `optimizer` so that each parameter is updated as soon as its averaged gradient
     arrives and the next forward pass waits only for the parameters it uses. `compression` as
     DistributedOptimizer's; `num_steps`: the step() after which every update is waited for."""
+    if env.ENABLE_ASYNC.get():
+        raise ValueError(f"{env.ENABLE_ASYNC.name}=1 (asynchronous training) needs "
+                         "byteps.torch.DistributedOptimizer, which pushes parameter changes; "
+                         "CrossBarrier averages gradients")
     opt = _bt.wrap_optimizer(optimizer, named_parameters, compression, backward_passes_per_step,
                              hooks=False, stacklevel=2)
     return _CrossBarrier(model, opt, num_steps)

@@ -3,15 +3,20 @@
 `byteps_thc.torch` re-exports `broadcast_parameters` and `broadcast_optimizer_state` (and the
 patched `byteps.torch` takes them from there). A broadcast is a push_pull of the sum with zeros on
 every rank but the root, always uncompressed; each wait is logged once it has taken longer than
-BYTEPS_THC_STALL_WARN (byteps_thc.waits), naming the tensor.
+BYTEPS_THC_STALL_WARN (byteps_thc.waits), naming the tensor. Under asynchronous training
+(BYTEPS_ENABLE_ASYNC=1) the server answers a push with its store at once, so a broadcast then
+meets the other workers at a barrier and reads the store with a second push of zeros.
 """
 from __future__ import annotations
 
 import collections
 import collections.abc
+import itertools
+import time
 
 import torch
 
+from . import env
 from . import waits as _waits
 
 # dtypes BytePS's torch plugin pushes as they are; others (bfloat16) travel as float32.
@@ -38,19 +43,59 @@ def broadcast_parameters(params, root_rank: int, prefix: str = "Parameter."):
     if ops.size() <= 1:
         return
     me = ops.rank()
+    asynchronous = env.ENABLE_ASYNC.get()
+    pending = []
     with torch.no_grad():
         for name, p in params:
             if not torch.is_tensor(p):
                 raise ValueError(f"cannot broadcast {name!r}: {type(p).__name__} is not a tensor")
+            full = (prefix + name) if name else None
+            if asynchronous and full is None:
+                raise ValueError(f"{env.ENABLE_ASYNC.name}=1: a broadcast needs named tensors "
+                                 "(a dict, or (name, tensor) pairs such as "
+                                 "model.named_parameters())")
             wire = _exact_wire(p)
             if me != root_rank:
                 wire.zero_()
-            full = (prefix + name) if name else None
-            handle = ops.push_pull_async_inplace(wire, average=False, name=full)
-            with _waits.waiting(full or "an unnamed broadcast", me):
-                ops.synchronize(handle)
+            _push_pull(ops, wire, full, me)
+            pending.append((full, wire, p))
+        if asynchronous:
+            # An asynchronous server adds each push into its store as it arrives and answers
+            # with the store, so a worker's answer holds the root's tensor only if the root
+            # pushed first. Once every worker has passed the barrier every push is in, and a push
+            # of zeros answers with the root's tensor.
+            _async_barrier(ops, me)
+            for full, wire, _ in pending:
+                wire.zero_()
+                _push_pull(ops, wire, full, me)
+        for _, wire, p in pending:
             if wire is not p:
                 p.copy_(wire.reshape(p.shape).to(p.dtype))
+
+
+def _push_pull(ops, wire: torch.Tensor, name, rank: int) -> None:
+    handle = ops.push_pull_async_inplace(wire, average=False, name=name)
+    with _waits.waiting(name or "an unnamed broadcast", rank):
+        ops.synchronize(handle)
+
+
+_BARRIERS = itertools.count()
+
+
+def _async_barrier(ops, rank: int) -> None:
+    """Return once every worker has called it (the n-th call of each worker meets the n-th of
+    the others): each adds 1 to a fresh counter key, then adds 0 until the counter, the
+    server's answer, reaches the number of workers. float64 counts exactly."""
+    name = f"AsyncBarrier.{next(_BARRIERS)}"
+    count = torch.ones(1, dtype=torch.float64)
+    with _waits.waiting(name, rank):
+        while True:
+            handle = ops.push_pull_async_inplace(count, average=False, name=name)
+            ops.synchronize(handle)
+            if count.item() >= ops.size():
+                return
+            time.sleep(0.01)
+            count.zero_()
 
 
 def _exact_wire(t: torch.Tensor) -> torch.Tensor:

@@ -197,6 +197,16 @@ def test_async_refuses_compressors_saying_why(fake_ops, monkeypatch, compression
     assert why in str(e.value) and "Compression.none" in str(e.value)
 
 
+def test_async_refusals_of_the_gradient_apis_and_unnamed_broadcasts(fake_ops, monkeypatch):
+    monkeypatch.setenv("BYTEPS_ENABLE_ASYNC", "1")
+    model = _model()
+    with pytest.raises(ValueError, match="CrossBarrier averages gradients"):
+        torch_barrier.CrossBarrier(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    with pytest.raises(ValueError, match="a broadcast needs named tensors"):
+        bt.broadcast_parameters(list(model.parameters()), root_rank=0)
+    assert fake_ops.pushed == []
+
+
 # -- the launcher's trace folders ----------------------------------------------------------------
 def test_trace_dirs_one_per_rank(tmp_path):
     base = tmp_path / "traces"
