@@ -7,12 +7,14 @@ The expected values come from plain torch optimizers fed the gradients the stand
 must produce, never from the code under test. tests/cluster/test_torch_apis.py runs the same
 APIs on real clusters.
 """
+import io
+
 import pytest
 import test_torch_adapter as ta
 import torch
 
 from byteps_thc import torch as bt
-from byteps_thc import torch_barrier, torch_ddp
+from byteps_thc import torch_barrier, torch_ddp, torch_waits, waits
 from byteps_thc.launch import cli
 from byteps_thc.torch import Compression
 
@@ -224,3 +226,27 @@ def test_trace_steps_that_byteps_would_abort_on_are_refused(tmp_path):
         cli.trace_dirs(environ, [0])
     with pytest.raises(ValueError, match="BYTEPS_TRACE_ON='true' is not valid"):
         cli.trace_dirs({"BYTEPS_TRACE_ON": "true"}, [0])
+
+
+# -- byteps.torch.synchronize's stall log (patch 0063) --------------------------------------------
+def test_logged_waits_name_the_tensor_and_rank(monkeypatch):
+    now = [0.0]
+    log = waits.WaitLog(warn_s=5, out=io.StringIO(), clock=lambda: now[0])
+    monkeypatch.setattr(waits, "_LOG", log)
+
+    def synchronize(handle):  # a wait of 6 s on the log's clock
+        now[0] += 6
+        log.check()
+        return f"output of {handle}"
+
+    pushed = []
+    push_pull, wait = torch_waits.logged_waits(
+        lambda tensor, output, average, name, *rest: pushed.append(name) or 41 + len(pushed),
+        synchronize, lambda: 1)
+    handles = [push_pull(None, None, True, "Gradient.w"), push_pull(None, None, False, None)]
+    assert [wait(h) for h in handles] == ["output of 42", "output of 43"]
+    lines = log.out.getvalue().splitlines()
+    assert lines[0].startswith("byteps-thc: worker 1 has waited 6 s for the push_pull of "
+                               "'Gradient.w' (BYTEPS_THC_STALL_WARN=5)")
+    assert "for the push_pull of 'an unnamed tensor (handle 43)'" in lines[1]
+    assert len(lines) == 2
