@@ -241,7 +241,17 @@ NUMA_ON = Setting("BYTEPS_NUMA_ON", False, parse_bool,
 VISIBLE_CPU_CORES = Setting("BYTEPS_VISIBLE_CPU_CORES", None, str,
                             "explicit CPU lists per local worker, e.g. 0-3:4-7")
 ENABLE_GDB = Setting("BYTEPS_ENABLE_GDB", False, parse_bool, "run each worker under gdb")
-ENABLE_ASYNC = Setting("BYTEPS_ENABLE_ASYNC", False, parse_bool, "asynchronous training")
+ENABLE_ASYNC = Setting("BYTEPS_ENABLE_ASYNC", False, parse_bool,
+                       "asynchronous training: workers push parameter changes, uncompressed")
+TRACE_ON = Setting("BYTEPS_TRACE_ON", "0", parse_choice("0", "1"),
+                   "write each worker's communication timeline to "
+                   "BYTEPS_TRACE_DIR/<rank>/comm.json")
+TRACE_DIR = Setting("BYTEPS_TRACE_DIR", "./trace", str,
+                    "folder of the timelines (bpslaunch creates <rank>/ in it for each worker)")
+TRACE_START_STEP = Setting("BYTEPS_TRACE_START_STEP", 10, parse_positive_int,
+                           "first traced step of each tensor")
+TRACE_END_STEP = Setting("BYTEPS_TRACE_END_STEP", 20, parse_positive_int,
+                         "the step of each tensor at which the timeline is written")
 
 # Liveness: dead nodes (ps-lite's heartbeats) and stalled rounds (the server's stall inspector)
 DEAD_NODE_TIMEOUT = Setting("BYTEPS_THC_DEAD_NODE_TIMEOUT", 30, parse_dead_node_timeout,

@@ -32,7 +32,6 @@ can import this module while it initialises, and so that the compression objects
 """
 from __future__ import annotations
 
-import collections.abc
 import contextlib
 from typing import Dict, Mapping, Optional, Tuple
 
@@ -40,14 +39,12 @@ import torch
 
 from . import compression as _c
 from . import env
-from . import waits as _waits
 from .compression import Compressor
 from .forklib import ForkLib
 from .lhc import LhcConfig  # noqa: F401 - part of this module's namespace
 from .thc import ThcConfig  # noqa: F401 - part of this module's namespace
-
-# dtypes BytePS's torch plugin pushes as they are; others (bfloat16) travel as float32.
-_NATIVE = (torch.float32, torch.float64, torch.float16, torch.uint8, torch.int32, torch.int64)
+from .torch_broadcast import NATIVE as _NATIVE
+from .torch_broadcast import broadcast_optimizer_state, broadcast_parameters
 
 
 def _ops():
@@ -146,6 +143,52 @@ def declare(name: str, kwargs: Optional[Mapping[str, str]] = None) -> None:
             "declare(name, **kwargs)); rebuild it with `make byteps`") from e
 
 
+def declare_gradients(by_name: Mapping[str, torch.Tensor], choice: _c.Choice, lr: float = 1.0,
+                      extra: Tuple[str, ...] = ()) -> Optional[_c.LearningRateFile]:
+    """Declare `Gradient.<name>` of every tensor in `by_name` with the kwargs of the compressor
+    in force, then `Parameter.<name>` (broadcasts) and `<prefix><name>` for each prefix in
+    `extra`, each group in sorted order (BytePS assigns keys in declare order, so every worker
+    must declare alike), and announce the choice (rank 0, once per process).
+
+    Returns the `./lr.s` file that BytePS's vanilla error feedback reads, when a kwargs set asks
+    for it (the caller keeps its learning rate current), else None."""
+    ops = _ops()
+    compression = choice.compressor
+    kwargs = {name: compression.kwargs(t) for name, t in by_name.items()}
+    lr_file = None
+    if any(_c.uses_vanilla_ef(kw) for kw in kwargs.values()):
+        lr_file = _c.LearningRateFile(lr)
+    for name in sorted(by_name):
+        declare("Gradient." + name, kwargs[name])
+    for prefix in ("Parameter.",) + tuple(extra):
+        for name in sorted(by_name):
+            declare(prefix + name)
+    _c.announce(choice, _c.tally(compression, by_name.values()), ops.rank())
+    return lr_file
+
+
+def async_refusal(compressor) -> Optional[str]:
+    """Why asynchronous training (BYTEPS_ENABLE_ASYNC=1) cannot run with `compressor`, or None.
+
+    In async mode BytePS's server adds each pushed buffer to its store as it arrives, as float
+    values, and serves the store: only an uncompressed push is such a buffer."""
+    name = getattr(compressor, "name", None)
+    if name == "none":
+        return None
+    flag = f"{env.ENABLE_ASYNC.name}=1"
+    if name in ("thc", "lhc"):
+        why = (f"{name.upper()}'s server adds integer table values of one round and holds no "
+               "weights, so it cannot keep the parameters that asynchronous workers push")
+    elif name == "fp16":
+        why = "the server would keep the parameters in float16"
+    else:
+        why = (f"its server adds each push as it arrives without decompressing it ({name} "
+               "payloads are not float values)")
+    return (f"{flag} (asynchronous training) cannot use {compressor!r}: {why}; train "
+            f"asynchronously uncompressed (Compression.none, no bpslaunch --compressor), or "
+            f"unset {env.ENABLE_ASYNC.name} to train synchronously with {name}")
+
+
 # ------------------------------------------------------------------------------------------------
 # Cluster failure (csrc/byteps/src/byteps/common/thc_failure.h)
 # ------------------------------------------------------------------------------------------------
@@ -171,6 +214,8 @@ def cluster_failure() -> Optional[str]:
 class _DistributedOptimizer(torch.optim.Optimizer):
     """Mixed into the user's optimizer class: push_pull each gradient as soon as it is ready."""
 
+    _hooks_wanted = True  # CrossBarrier (torch_barrier.py) pushes the gradients itself
+
     def __init__(self, params, named_parameters, choice, backward_passes_per_step=1):
         super(self.__class__, self).__init__(params)
         ops = _ops()
@@ -179,8 +224,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self.backward_passes_per_step = backward_passes_per_step
         self._enable_async = env.ENABLE_ASYNC.get()
         if self._enable_async:
-            raise ValueError(f"{env.ENABLE_ASYNC.name} is not supported by byteps-thc's "
-                             "DistributedOptimizer")
+            refusal = async_refusal(compression)
+            if refusal:
+                raise ValueError(refusal)
 
         named = list(named_parameters) if named_parameters is not None else []
         if any(not isinstance(p, tuple) or len(p) != 2 for p in named):
@@ -208,21 +254,21 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._hook_handles = []
         self._should_sync = True
         self._size = ops.size()
-        if self._size > 1:
+        self._origin: Dict[int, torch.Tensor] = {}
+        if self._size > 1 and not self._enable_async and self._hooks_wanted:
             self._register_hooks()
-        # Declare every name in the same order on every worker (BytePS assigns keys in order):
-        # gradients with their compressor kwargs first, then the parameters for broadcasts.
         by_name = {self._names[id(p)]: p for p in all_params}
-        kwargs = {name: compression.kwargs(by_name[name]) for name in by_name}
-        # BytePS's vanilla error feedback reads the learning rate from ./lr.s (kept current here)
-        self._lr_file = None
-        if any(_c.uses_vanilla_ef(kw) for kw in kwargs.values()):
-            self._lr_file = _c.LearningRateFile(self.param_groups[0]["lr"])
-        for name in sorted(by_name):
-            declare("Gradient." + name, kwargs[name])
-        for name in sorted(by_name):
-            declare("Parameter." + name)
-        _c.announce(choice, _c.tally(compression, by_name.values()), ops.rank())
+        self._lr_file = declare_gradients(by_name, choice, self.param_groups[0]["lr"],
+                                          extra=("AsyncParam.",) if self._enable_async else ())
+
+    @property
+    def compressor(self):
+        """The compressor in force (the one the in-force line named)."""
+        return self._compression
+
+    def gradient_name(self, p) -> str:
+        """The name `p`'s gradient is declared and pushed under, after "Gradient."."""
+        return self._names[id(p)]
 
     # -- hooks -----------------------------------------------------------------------------------
     def _register_hooks(self):
@@ -262,8 +308,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._delay[k] = passes
 
     def synchronize(self):
-        """Wait for every gradient's push_pull; each p.grad then holds the averaged gradient."""
-        if self._size <= 1:
+        """Wait for every gradient's push_pull; each p.grad then holds the averaged gradient
+        (asynchronous training: nothing to wait for, step() pushes the parameters)."""
+        if self._size <= 1 or self._enable_async:
             return
         ops = _ops()
         for p in self._requires_update:
@@ -277,8 +324,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         for key, (handle, (ctx, tensor), p) in list(self._handles.items()):
             self._delay[key] = self.backward_passes_per_step
             try:
-                with _waits.waiting("Gradient." + self._names[key], ops.rank()):
-                    output = ops.synchronize(handle)
+                output = ops.synchronize(handle)  # logs a stall (patch 0063, torch_waits)
             except RuntimeError as e:
                 # a failed push_pull (thc_failure.h): wait for the others, then raise the first
                 failed = failed or e
@@ -295,6 +341,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     @contextlib.contextmanager
     def skip_synchronize(self):
         """Use after an explicit synchronize(), e.g. to clip the averaged gradients first."""
+        if self._enable_async:
+            raise AssertionError("skip_synchronize cannot be used in asynchronous training "
+                                 f"({env.ENABLE_ASYNC.name}=1): no gradient is averaged")
         self._should_sync = False
         try:
             yield
@@ -302,9 +351,39 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._should_sync = True
 
     def step(self, closure=None):
+        if self._enable_async and self._size > 1:
+            return self._async_step(closure)
         if self._should_sync:
             self.synchronize()
         return super(self.__class__, self).step(closure)
+
+    def _async_step(self, closure=None):
+        """Asynchronous training (BYTEPS_ENABLE_ASYNC=1, upstream's scheme): step locally, push
+        each parameter's change as `AsyncParam.<name>`, which the server adds to its store at once
+        (no waiting for the other workers), and take the store back.
+
+        The server's store of a key starts at zero (BytePS's first push of a key sends a zeroed
+        buffer), so it holds the sum of every worker's changes so far; each parameter is its
+        value at the first step (the same on every worker after broadcast_parameters) plus that
+        sum."""
+        ops = _ops()
+        params = [p for p in self._requires_update if p.grad is not None]
+        for p in params:
+            if id(p) not in self._origin:
+                self._origin[id(p)] = p.detach().clone()
+        before = [p.detach().clone() for p in params]
+        loss = super(self.__class__, self).step(closure)
+        pending = []
+        with torch.no_grad():
+            for p, old in zip(params, before):
+                delta = (p.detach() - old).contiguous()
+                name = "AsyncParam." + self._names[id(p)]
+                pending.append((p, delta, name,
+                                ops.push_pull_async_inplace(delta, average=False, name=name)))
+            for p, delta, name, handle in pending:
+                ops.synchronize(handle)
+                p.copy_(self._origin[id(p)] + delta)
+        return loss
 
     def _local_step(self, closure=None):
         """The wrapped optimizer's step without any communication."""
@@ -323,146 +402,31 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
     Call `synchronize()` then use `with optimizer.skip_synchronize(): optimizer.step()` to modify
     the averaged gradients (e.g. clipping) before they are applied.
     """
+    return wrap_optimizer(optimizer, named_parameters, compression, backward_passes_per_step,
+                          stacklevel=2)
+
+
+def choose(compression, stacklevel: int = 2) -> _c.Choice:
+    """The compressor in force for a script that passed `compression` (byteps_thc.compression.
+    choose), with the warning on rank 0 when it overrides the launcher's (`stacklevel` as
+    warnings.warn's, counted from choose's caller)."""
     if isinstance(compression, type) and issubclass(compression, Compressor):
         compression = compression()
     choice = _c.choose(compression, Compression.from_env)
-    _c.warn_conflict(choice, _ops().rank())
-    cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
-               dict(_DistributedOptimizer.__dict__))
+    _c.warn_conflict(choice, _ops().rank(), stacklevel=stacklevel + 1)
+    return choice
+
+
+def wrap_optimizer(optimizer, named_parameters, compression, backward_passes_per_step=1,
+                   hooks: bool = True, stacklevel: int = 3):
+    """DistributedOptimizer; `hooks=False`: no gradient hooks (the caller pushes gradients)."""
+    choice = choose(compression, stacklevel + 1)
+    attrs = dict(_DistributedOptimizer.__dict__, _hooks_wanted=hooks)
+    cls = type(optimizer.__class__.__name__, (optimizer.__class__,), attrs)
     opt = cls(optimizer.param_groups, named_parameters, choice, backward_passes_per_step)
     if optimizer.state:  # keep any state the wrapped optimizer already has
         opt.load_state_dict(optimizer.state_dict())
     return opt
-
-
-# ------------------------------------------------------------------------------------------------
-# Broadcasts
-# ------------------------------------------------------------------------------------------------
-def broadcast_parameters(params, root_rank: int, prefix: str = "Parameter."):
-    """Make every worker's tensors equal to `root_rank`'s (model.state_dict() or
-    named_parameters()). Implemented as push_pull of the sum with zeros on the other ranks;
-    always uncompressed; bfloat16 and other dtypes travel as float64/float32 exactly."""
-    if isinstance(params, dict):
-        params = sorted(params.items())
-    elif isinstance(params, (list, tuple)) or isinstance(params, collections.abc.Iterator):
-        params = [p if isinstance(p, tuple) else (None, p) for p in params]
-    else:
-        raise ValueError(f"invalid params of type: {type(params)}")
-    ops = _ops()
-    if ops.size() <= 1:
-        return
-    me = ops.rank()
-    with torch.no_grad():
-        for name, p in params:
-            if not torch.is_tensor(p):
-                raise ValueError(f"cannot broadcast {name!r}: {type(p).__name__} is not a tensor")
-            wire = _exact_wire(p)
-            if me != root_rank:
-                wire.zero_()
-            handle = ops.push_pull_async_inplace(
-                wire, average=False, name=(prefix + name) if name else None)
-            ops.synchronize(handle)
-            if wire is not p:
-                p.copy_(wire.reshape(p.shape).to(p.dtype))
-
-
-def _exact_wire(t: torch.Tensor) -> torch.Tensor:
-    """`t` itself when BytePS can push it in place, else a copy in a dtype that holds it exactly."""
-    if t.dtype in _NATIVE and t.is_contiguous() and t.dim() > 0:
-        return t.data if isinstance(t, torch.nn.Parameter) else t
-    if t.dtype.is_floating_point or t.dtype == torch.bool:
-        return t.detach().reshape(-1).to(torch.float64).clone()
-    return t.detach().reshape(-1).to(torch.int64).clone()
-
-
-def broadcast_optimizer_state(optimizer, root_rank: int, prefix: str = "Parameter."):
-    """Make every worker's optimizer state (tensors and numeric hyper-parameters such as lr,
-    momentum or betas) equal to `root_rank`'s. Works for plain and Distributed optimizers."""
-    if isinstance(optimizer, torch.optim.LBFGS):
-        raise ValueError("cannot broadcast torch.optim.LBFGS state")
-    ops = _ops()
-    if ops.size() <= 1:
-        return
-    state_dict = optimizer.state_dict()
-    if len(state_dict["state"]) == 0:
-        # create the state with a zero-gradient step (no communication: every rank may differ)
-        for group in optimizer.param_groups:
-            for p in group["params"]:
-                if p.requires_grad and p.grad is None:
-                    p.grad = torch.zeros_like(p)
-        if hasattr(optimizer, "_local_step"):
-            optimizer._local_step()
-        else:
-            optimizer.step()
-        state_dict = optimizer.state_dict()
-    if len(state_dict["state"]) == 0:
-        return  # a stateless optimizer (plain SGD): only the hyper-parameters below
-
-    tensors = []          # (key, tensor) to broadcast, in the same order on every rank
-    setters = []          # after the broadcast: write the values back
-    for index, group in enumerate(optimizer.param_groups):
-        for option, value in sorted(group.items()):
-            if option == "params":
-                continue
-            flat = _numbers(value)
-            if flat is None:
-                continue  # None, strings, ...: not broadcast
-            t = torch.tensor(flat, dtype=torch.float64)
-            tensors.append((f"{option}.{index}", t))
-            setters.append((lambda g=group, o=option, v=value, t=t:
-                            g.__setitem__(o, _rebuild(v, t.tolist()))))
-    occurrences = collections.Counter()
-    for group in optimizer.param_groups:
-        for p in group["params"]:
-            state = optimizer.state.get(p, {})
-            for name in sorted(state):
-                value = state[name]
-                occurrences[name] += 1
-                key = f"{name}.{occurrences[name]}"
-                if torch.is_tensor(value):
-                    tensors.append((key, value))
-                else:
-                    flat = _numbers(value)
-                    if flat is None:
-                        continue
-                    t = torch.tensor(flat, dtype=torch.float64)
-                    tensors.append((key, t))
-                    setters.append((lambda s=state, n=name, v=value, t=t:
-                                    s.__setitem__(n, _rebuild(v, t.tolist()))))
-    broadcast_parameters(tensors, root_rank, prefix)
-    for set_back in setters:
-        set_back()
-
-
-def _numbers(value):
-    """A flat list of the numbers in value (a number or nested tuples/lists), else None."""
-    if isinstance(value, bool) or isinstance(value, (int, float)):
-        return [float(value)]
-    if isinstance(value, (tuple, list)) and value:
-        out = []
-        for v in value:
-            sub = _numbers(v)
-            if sub is None:
-                return None
-            out += sub
-        return out
-    return None
-
-
-def _rebuild(like, flat: list):
-    """Inverse of _numbers: values from `flat` in the structure and types of `like`."""
-    it = iter(flat)
-
-    def build(x):
-        if isinstance(x, (tuple, list)):
-            return type(x)(build(v) for v in x)
-        v = next(it)
-        if isinstance(x, bool):
-            return bool(v)
-        if isinstance(x, int):
-            return int(round(v))
-        return float(v)
-    return build(like)
 
 
 __all__ = ["Compression", "Compressor", "NoneCompressor", "FP16Compressor", "RegistryCompressor",

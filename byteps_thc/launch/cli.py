@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Callable, Dict, Mapping, Optional, Sequence
+from typing import Callable, Dict, List, Mapping, Optional, Sequence
 
 from .. import codecs, env
 from ..thc import ThcConfig
@@ -81,7 +81,7 @@ environment read by BytePS and this launcher (set them for a real multi-machine 
   BYTEPS_VISIBLE_CPU_CORES     explicit CPU lists per local worker, e.g. 0-3:4-7
   BYTEPS_LOG_LEVEL             TRACE | DEBUG | INFO | WARNING (default) | ERROR | FATAL
   BYTEPS_ENABLE_GDB=1          run each worker under gdb
-  BYTEPS_ENABLE_ASYNC=1        asynchronous training
+  BYTEPS_ENABLE_ASYNC=1        asynchronous training (DistributedOptimizer, uncompressed)
   BYTEPS_THC_DEAD_NODE_TIMEOUT  seconds without a heartbeat before a node counts as dead
                                (default {env.DEAD_NODE_TIMEOUT.default}, 0 = off): bpslaunch sets
                                PS_HEARTBEAT_TIMEOUT to it and PS_HEARTBEAT_INTERVAL to a tenth
@@ -91,7 +91,11 @@ environment read by BytePS and this launcher (set them for a real multi-machine 
                                workers that have not pushed (default {env.STALL_WARN.default:g} s)
   BYTEPS_THC_STALL_TIMEOUT     ... and failed after this long, the server then exiting 1
                                (default 0 = never; --stall-timeout)
-  BYTEPS_TRACE_ON=1, BYTEPS_TRACE_DIR, BYTEPS_TRACE_START_STEP, BYTEPS_TRACE_END_STEP  profiling
+  BYTEPS_TRACE_ON=1            write each worker's communication timeline to
+                               BYTEPS_TRACE_DIR/<rank>/comm.json (bpslaunch creates the
+                               folders; default {env.TRACE_DIR.default}), of each tensor's
+                               steps BYTEPS_TRACE_START_STEP ({env.TRACE_START_STEP.default})
+                               to BYTEPS_TRACE_END_STEP ({env.TRACE_END_STEP.default})
 
 examples:
   bpslaunch --local 2 --compressor thc -- python example/pytorch/train_digits.py
@@ -298,3 +302,24 @@ def liveness_env(ns: argparse.Namespace, environ: Mapping[str, str]) -> Dict[str
     env.STALL_WARN.get(environ)  # validated here, read by the server
     env.STALL_TIMEOUT.get(dict(environ, **out))
     return out
+
+
+def trace_dirs(environ: Mapping[str, str], ranks: Sequence[int]) -> List[str]:
+    """With BYTEPS_TRACE_ON=1, create BYTEPS_TRACE_DIR/<rank>/ for each of `ranks` (BytePS's
+    global worker ranks; the fork writes <rank>/comm.json there, patch 0062) and return them;
+    else nothing. ValueError names a step range BytePS would abort on."""
+    if env.TRACE_ON.get(environ) != "1":
+        return []
+    start, end = env.TRACE_START_STEP.get(environ), env.TRACE_END_STEP.get(environ)
+    if end <= start:
+        raise ValueError(f"{env.TRACE_END_STEP.name}={end} must be larger than "
+                         f"{env.TRACE_START_STEP.name}={start}")
+    base = env.TRACE_DIR.get(environ)
+    dirs = [os.path.join(base, str(r)) for r in ranks]
+    try:
+        for d in dirs:
+            os.makedirs(d, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"{env.TRACE_DIR.name}={base!r}: cannot create {e.filename}: "
+                         f"{e.strerror}") from None
+    return dirs

@@ -15,7 +15,7 @@ import tempfile
 from typing import List, Mapping, Optional, Sequence, TextIO
 
 from .. import env
-from .cli import compression_env, liveness_env
+from .cli import compression_env, liveness_env, trace_dirs
 from .role import server_argv, with_package_path
 from .supervisor import ProcSpec, Supervisor
 
@@ -101,6 +101,7 @@ def run_local(ns: argparse.Namespace, environ: Optional[Mapping[str, str]] = Non
     err = err if err is not None else sys.stderr
     try:
         extra = dict(compression_env(ns, environ), **liveness_env(ns, environ))
+        trace_dirs(environ, range(ns.local))  # worker i is BytePS's rank i
     except ValueError as e:
         err.write(f"bpslaunch: {e}\n")
         return 2

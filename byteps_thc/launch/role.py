@@ -13,7 +13,7 @@ import sys
 from typing import Dict, List, Mapping, Optional, Sequence, TextIO
 
 from .. import env
-from .cli import compression_env, liveness_env
+from .cli import compression_env, liveness_env, trace_dirs
 from .supervisor import ProcSpec, Supervisor
 
 
@@ -123,6 +123,13 @@ def run_role(ns: argparse.Namespace, environ: Optional[Mapping[str, str]] = None
         err.write(f"bpslaunch: {e}\n")
         return 2
     role = env.ROLE.get(environ)
+    workers = [s for s in specs if s.role == "worker"]
+    try:  # BytePS's rank of a worker: DMLC_WORKER_ID * BYTEPS_LOCAL_SIZE + BYTEPS_LOCAL_RANK
+        trace_dirs(environ, [env.WORKER_ID.get(environ) * len(workers) +
+                             env.LOCAL_RANK.get(s.env) for s in workers])
+    except ValueError as e:
+        err.write(f"bpslaunch: {e}\n")
+        return 2
     if not specs:
         err.write(f"bpslaunch: not distributed ({env.NUM_WORKER.name}=1): nothing to run for "
                   f"{role}; set {env.FORCE_DISTRIBUTED.name}=1 to run it anyway\n")

@@ -4,6 +4,7 @@ against a stand-in `byteps.torch.ops` that records what would reach BytePS.
 The real pipeline is exercised by tests/cluster/test_torch_*.py.
 """
 import io
+import itertools
 import sys
 import types
 
@@ -13,6 +14,7 @@ import torch
 from byteps_thc import ThcConfig
 from byteps_thc import compression as bc
 from byteps_thc import torch as bt
+from byteps_thc import torch_broadcast as bb
 from byteps_thc.torch import Compression
 
 
@@ -90,9 +92,9 @@ def test_launcher_and_adapter_agree():
 
 def test_numbers_round_trip():
     for v in (0.1, 3, True, (0.9, 0.999), [1, (2.5, False)]):
-        flat = bt._numbers(v)
-        assert bt._rebuild(v, flat) == v and type(bt._rebuild(v, flat)) is type(v)
-    assert bt._numbers(None) is None and bt._numbers("x") is None and bt._numbers(()) is None
+        flat = bb._numbers(v)
+        assert bb._rebuild(v, flat) == v and type(bb._rebuild(v, flat)) is type(v)
+    assert bb._numbers(None) is None and bb._numbers("x") is None and bb._numbers(()) is None
 
 
 # -- glue against a stand-in BytePS ----------------------------------------------------------------
@@ -106,6 +108,7 @@ class FakeOps(types.ModuleType):
         self.pushed = []        # (name, dtype, average)
         self.peer = lambda name, t: t.clone()  # default: the other worker sends the same
         self._handles = {}
+        self._ids = itertools.count(1)
 
     def size(self):
         return self._size
@@ -121,7 +124,7 @@ class FakeOps(types.ModuleType):
         self.pushed.append((name, tensor.dtype, average))
         total = tensor + self.peer(name, tensor)
         tensor.copy_(total / self._size if average else total)
-        h = len(self._handles) + 1
+        h = next(self._ids)  # distinct while others are waited for (CrossBarrier's thread)
         self._handles[h] = tensor
         return h
 
@@ -131,6 +134,11 @@ class FakeOps(types.ModuleType):
 
 @pytest.fixture
 def fake_ops(monkeypatch):
+    return install_fake_ops(monkeypatch)
+
+
+def install_fake_ops(monkeypatch) -> FakeOps:
+    """A FakeOps as `byteps.torch.ops` for the test (test_torch_apis.py uses it too)."""
     ops = FakeOps()
     byteps = types.ModuleType("byteps")
     btorch = types.ModuleType("byteps.torch")
@@ -175,6 +183,10 @@ def test_optimizer_uses_the_launcher_choice_by_default(fake_ops, monkeypatch):
 
 @pytest.fixture
 def report(monkeypatch):
+    return install_report(monkeypatch)
+
+
+def install_report(monkeypatch) -> bc.RunReport:
     """A fresh byteps_thc.compression report (the process's says each thing once per process)."""
     r = bc.RunReport(at_exit=False, stream=io.StringIO())
     monkeypatch.setattr(bc, "announce", r.announce)
@@ -230,17 +242,16 @@ def test_rank_1_says_nothing(fake_ops, monkeypatch, report, recwarn):
     assert report.stream.getvalue() == "" and len(recwarn) == 0
 
 
-@pytest.mark.parametrize("value,refused", [("1", True), ("yes", True), ("0", False), ("", False)])
-def test_async_training_is_refused_by_name(fake_ops, monkeypatch, value, refused):
+@pytest.mark.parametrize("value,on", [("1", True), ("yes", True), ("0", False), ("", False)])
+def test_async_training_uncompressed_is_taken(fake_ops, monkeypatch, value, on):
     monkeypatch.setenv("BYTEPS_ENABLE_ASYNC", value)
     model = _model()
-    make = lambda: bt.DistributedOptimizer(  # noqa: E731
-        torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters())
-    if refused:
-        with pytest.raises(ValueError, match="BYTEPS_ENABLE_ASYNC is not supported"):
-            make()
-    else:
-        assert make()._enable_async is False
+    opt = bt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                  named_parameters=model.named_parameters())
+    assert opt._enable_async is on
+    async_names = [n for n, _ in fake_ops.declared if n.startswith("AsyncParam.")]
+    assert async_names == (["AsyncParam.0.bias", "AsyncParam.0.weight", "AsyncParam.2.bias",
+                            "AsyncParam.2.weight"] if on else [])
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])

@@ -16,7 +16,17 @@ def parser(description):
     p.add_argument("--num-warmup-batches", type=int, default=2)
     p.add_argument("--num-batches-per-iter", type=int, default=5)
     p.add_argument("--num-iters", type=int, default=3)
+    p.add_argument("--delay-rank", type=int, default=-1,
+                   help="this rank sleeps --delay-s seconds before its second step's backward")
+    p.add_argument("--delay-s", type=float, default=0.0)
     return p
+
+
+def maybe_delay(bps, args, step):
+    """Sleep on --delay-rank before its second step's backward (the others then wait for it)."""
+    if step == 1 and bps.rank() == args.delay_rank:
+        import time
+        time.sleep(args.delay_s)
 
 
 def rank0_log(bps):
@@ -25,3 +35,17 @@ def rank0_log(bps):
         if bps.rank() == 0:
             print(s, flush=True)
     return log
+
+
+def mlp(torch, args):
+    """The benchmarks' MLP: input, two hidden layers of args.hidden, 10 classes."""
+    return torch.nn.Sequential(
+        torch.nn.Linear(args.input_size, args.hidden), torch.nn.ReLU(),
+        torch.nn.Linear(args.hidden, args.hidden), torch.nn.ReLU(),
+        torch.nn.Linear(args.hidden, 10))
+
+
+def digest(params):
+    """A short hex digest of the bytes of `params` (torch tensors, in order)."""
+    import hashlib
+    return hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in params)).hexdigest()[:16]
