@@ -39,8 +39,9 @@ FACTS = _build_facts()
 CORES = FACTS.CORES + (FACTS.SHARED,)
 # Our files outside the cores that get the codec flags too: they include the cores' headers,
 # which are C++17 (BytePS compiles its own files as C++11), and must not be built with BytePS's
-# -Ofast either.
-CODEC_FILE_PREFIXES = ("thc_", "lhc_", "max_round")
+# -Ofast either; failure.cc, the registry that every stage's thread and ps-lite's callbacks
+# reach, must not get -Ofast's -fallow-store-data-races.
+CODEC_FILE_PREFIXES = ("thc_", "lhc_", "max_round", "failure")
 
 
 def jobs():

@@ -18,6 +18,7 @@
 
 #include "../common/compressor/impl/lhc_wire.h"
 #include "../common/logging.h"
+#include "../common/nonfinite.h"
 #include "codec_key.h"
 
 namespace byteps {
@@ -65,9 +66,8 @@ class LhcKey : public CodecKey {
       }
       if (s.nonfinite_error != settings_.nonfinite_error) {
         return std::string("lhc_nonfinite differs between workers: node ") +
-               std::to_string(sender) + " declared " + (s.nonfinite_error ? "error" : "propagate") +
-               ", the key was registered with " +
-               (settings_.nonfinite_error ? "error" : "propagate");
+               std::to_string(sender) + " declared " + common::NonfiniteName(s.nonfinite_error) +
+               ", the key was registered with " + common::NonfiniteName(settings_.nonfinite_error);
       }
       return "";
     }
@@ -126,7 +126,7 @@ class LhcKey : public CodecKey {
       os << "reserved header field " << h.reserved << " (must be 0)";
       return os.str();
     }
-    if (!common::compressor::thcwire::IsFinite(agreed_max) || agreed_max < 0) {
+    if (!common::IsFinite(agreed_max) || agreed_max < 0) {
       os << "no finite agreed max |v| for this round (" << agreed_max << ")";
       return os.str();
     }

@@ -13,6 +13,7 @@
 
 #include "../common/compressor/impl/thc_wire.h"
 #include "../common/logging.h"
+#include "../common/nonfinite.h"
 #include "codec_key.h"
 
 namespace byteps {
@@ -71,8 +72,8 @@ class ThcKey : public CodecKey {
       if (settings.nonfinite_error != nonfinite_error_) {
         return std::string("BYTEPS_THC_NONFINITE differs between workers: node ") +
                std::to_string(sender) +
-               " declared thc_nonfinite=" + tw::NonfiniteName(settings.nonfinite_error) +
-               ", but the key was registered with " + tw::NonfiniteName(nonfinite_error_);
+               " declared thc_nonfinite=" + common::NonfiniteName(settings.nonfinite_error) +
+               ", but the key was registered with " + common::NonfiniteName(nonfinite_error_);
       }
       return "";
     }

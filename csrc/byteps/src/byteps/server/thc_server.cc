@@ -41,6 +41,7 @@
 #include "../common/compressor/impl/thc_wire.h"
 #include "../common/compressor/kwargs_check.h"
 #include "../common/logging.h"  // before utils.h, which uses BPS_LOG
+#include "../common/nonfinite.h"
 
 #include "../common/compressor/utils.h"
 
@@ -305,16 +306,16 @@ void NormPush(Key* k, uint64_t key, const ps::KVMeta& req, const ps::KVPairs<cha
            << ", registered 0x" << codec.fingerprint() << std::dec << ": " << codec.description()
            << ")";
         Fail(round, os.str());
-      } else if (np.norm < 0 || (!tw::IsFinite(np.norm) && codec.nonfinite_error())) {
+      } else if (np.norm < 0 || (!common::IsFinite(np.norm) && codec.nonfinite_error())) {
         std::ostringstream os;
         os << name << ": norm push from node " << sender << " is " << np.norm
            << (np.norm < 0
                    ? " (must be >= 0)"
                    : " (a non-finite gradient; BYTEPS_THC_NONFINITE=error: must be finite)");
         Fail(round, os.str());
-      } else if (!tw::IsFinite(np.norm)) {
+      } else if (!common::IsFinite(np.norm)) {
         // as an uncompressed sum would: NaN wins over inf, inf over any finite norm
-        if (tw::IsFinite(k->norm_max) || tw::IsNaN(np.norm)) k->norm_max = np.norm;
+        if (common::IsFinite(k->norm_max) || common::IsNaN(np.norm)) k->norm_max = np.norm;
       } else if (np.norm > k->norm_max) {
         k->norm_max = np.norm;
       }
