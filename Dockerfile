@@ -70,6 +70,7 @@ COPY docker/pip-env.sh docker/pip-env.sh
 # Both steps build against the runtime's .venv, bind-mounted (not copied), for its Python.
 # the codec extension: make ext's command, from its inputs alone
 COPY setup.py setup.py
+COPY csrc/build_facts.py csrc/build_facts.py
 COPY csrc/thc csrc/thc
 COPY csrc/lhc csrc/lhc
 COPY csrc/common csrc/common

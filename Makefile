@@ -29,7 +29,7 @@ $(VENV): requirements.txt scripts/venv.sh
 	@scripts/venv.sh
 
 ext: $(EXT)
-$(EXT): $(VENV) setup.py $(shell find csrc/thc csrc/lhc csrc/common csrc/python -type f 2>/dev/null)
+$(EXT): $(VENV) setup.py csrc/build_facts.py $(shell find csrc/thc csrc/lhc csrc/common csrc/python -type f 2>/dev/null)
 	$(PY) setup.py -q build_ext --inplace
 	@touch $@
 

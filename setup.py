@@ -2,12 +2,14 @@
 
 The extension holds the codec cores (csrc/thc and csrc/lhc, plain C++17, with the headers they
 share in csrc/common) and their thin binding (csrc/python).
-SIMD kernels are compiled per file with their own -m flags and chosen at run time; nothing is built
-with -march=native. When nvcc is found, the CUDA twins (csrc/thc/cuda) are compiled and linked too
+Sources and flags come from csrc/build_facts.py, which every build of the cores reads: SIMD kernels
+are compiled per file with their own -m flags and chosen at run time; nothing is built with
+-march=native. When nvcc is found, the CUDA twins (csrc/thc/cuda) are compiled and linked too
 (THC_WITH_CUDA=1); THC_CUDA=0 in the environment skips them, THC_CUDA=1 requires them.
 
 The BytePS fork is built separately (`make byteps`, scripts/build_byteps.sh).
 """
+import importlib.util
 import os
 import shutil
 import sys
@@ -18,31 +20,24 @@ from setuptools.command.build_ext import build_ext
 
 ROOT = Path(__file__).resolve().parent
 CORE = ROOT / "csrc" / "thc"
-CORES = (CORE, ROOT / "csrc" / "lhc")  # THC's codec core and LHC's
-
-# Flags every file gets. -ffp-contract=off: the kernels must not fuse a*b+c (docs/ALGORITHM.md).
-COMMON = ["-std=c++17", "-O3", "-fPIC", "-ffp-contract=off", "-fno-math-errno",
-          "-fvisibility=hidden", "-Wall", "-Wextra", "-Wno-unused-parameter"]
-# Extra flags for the files of one instruction set (x86-64 only; other machines get the portable
-# kernels alone). A file's ISA is the suffix of its stem: kernels_avx2.cc, kernels_avx512.cc.
-ISA_FLAGS = {
-    "avx2": ["-mavx2", "-mbmi2"],
-    "avx512": ["-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl", "-mbmi2"],
-}
 
 
-def is_x86():
-    import platform
-    return platform.machine().lower() in ("x86_64", "amd64")
+def _load(name, path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+# The sources and flags of the codec cores (csrc/build_facts.py: every build of them reads it).
+FACTS = _load("build_facts", ROOT / "csrc" / "build_facts.py")
+# Every file of the extension gets the codec flags (per file: the ISA rule); these are the
+# extension's own: a shared object that exports only the module's init.
+EXTENSION_FLAGS = ["-fPIC", "-fvisibility=hidden", "-Wall", "-Wextra", "-Wno-unused-parameter"]
 
 
 def core_sources():
-    srcs = []
-    for p in sorted(q for core in CORES for q in core.glob("*.cc")):
-        isa = p.stem.rsplit("_", 1)[-1]
-        if isa in ISA_FLAGS and not is_x86():
-            continue
-        srcs.append(str(p.relative_to(ROOT)))
+    srcs = [str(Path(p).relative_to(ROOT)) for p in FACTS.core_sources(ROOT / "csrc")]
     return srcs + ["csrc/python/binding.cc", "csrc/python/binding_lhc.cc"]
 
 
@@ -66,20 +61,14 @@ class BuildExt(build_ext):
         original = self.compiler._compile
 
         def compile_one(obj, src, ext, cc_args, extra_postargs, pp_opts):
-            isa = Path(src).stem.rsplit("_", 1)[-1]
-            extra = list(extra_postargs) + ISA_FLAGS.get(isa, [])
+            extra = list(extra_postargs) + FACTS.core_flags(src)
             return original(obj, src, ext, cc_args, extra, pp_opts)
 
         self.compiler._compile = compile_one
         nvcc = find_nvcc()
         if nvcc:
-            import importlib.util
-            spec = importlib.util.spec_from_file_location("thc_cuda_build",
-                                                          CORE / "cuda" / "build.py")
-            mod = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(mod)
             # (nvcc, build_temp, root) -> (objects, link_args, macros)
-            cuda_objects = mod.cuda_objects
+            cuda_objects = _load("thc_cuda_build", CORE / "cuda" / "build.py").cuda_objects
             for e in self.extensions:
                 objs, link_args, macros = cuda_objects(nvcc, Path(self.build_temp), ROOT)
                 e.extra_objects = list(e.extra_objects or []) + objs
@@ -103,10 +92,11 @@ def extension():
         "byteps_thc._C",
         sources=core_sources(),
         include_dirs=[str(ROOT / "csrc"), pybind11.get_include()],
-        # headers and CUDA sources: a change to any of them rebuilds the extension
+        # headers, CUDA sources and the build facts: a change to any of them rebuilds the extension
         depends=sorted(str(p.relative_to(ROOT)) for pat in ("*.h", "*.cuh", "*.cu")
-                       for p in (ROOT / "csrc").rglob(pat) if "byteps" not in p.parts),
-        extra_compile_args=COMMON,
+                       for p in (ROOT / "csrc").rglob(pat) if "byteps" not in p.parts)
+        + ["csrc/build_facts.py"],
+        extra_compile_args=EXTENSION_FLAGS,
         language="c++",
     )
 

@@ -101,28 +101,30 @@ def build_client(out_dir: Path) -> Optional[Path]:
         return None
     out_dir.mkdir(parents=True, exist_ok=True)
     exe = out_dir / "thc_client"
-    core = sorted((ROOT / "csrc" / "thc").glob("*.cc"))
+    # the codec's build description: the core's sources and flags, as every build of it uses them
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("build_facts", ROOT / "csrc" / "build_facts.py")
+    facts = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(facts)
+    core = [Path(p) for p in facts.core_sources(ROOT / "csrc", cores=("thc",))]
     sources = [CLIENT_SRC, THC_WIRE_SRC] + core
     # the headers they include: the core's and the ones it shares with LHC (csrc/common)
     headers = sorted((ROOT / "csrc" / "thc").glob("*.h")) + sorted(
         (ROOT / "csrc" / "common").glob("*.h"))
-    newest = max(p.stat().st_mtime for p in sources + headers + [ps / "build" / "libps.a"])
-    if exe.is_file() and exe.stat().st_mtime > newest:
+    inputs = sources + headers + [ps / "build" / "libps.a", ROOT / "csrc" / "build_facts.py"]
+    if exe.is_file() and exe.stat().st_mtime > max(p.stat().st_mtime for p in inputs):
         return exe
     objs = []
-    for src in core:  # the codec core with its own per-file ISA flags (as setup.py does)
-        flags = {"avx2": ["-mavx2", "-mbmi2"],
-                 "avx512": ["-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl", "-mbmi2"]}.get(
-                     src.stem.rsplit("_", 1)[-1], [])
+    for src in core:  # the codec core, each file with its flags (its ISA's included)
         obj = out_dir / f"core_{src.stem}.o"
-        subprocess.run(["nice", "g++", "-std=c++17", "-O2", "-fPIC", "-ffp-contract=off", *flags,
-                        f"-I{ROOT / 'csrc'}", "-c", str(src), "-o", str(obj)], check=True)
+        subprocess.run(["nice", "g++", *facts.core_flags(src), "-fPIC", f"-I{ROOT / 'csrc'}",
+                        "-c", str(src), "-o", str(obj)], check=True)
         objs.append(str(obj))
-    subprocess.run(["nice", "g++", "-std=c++17", "-O2", "-ffp-contract=off",
-                    f"-I{ROOT / 'csrc' / 'byteps' / 'src'}", f"-I{ROOT / 'csrc'}",
-                    f"-I{ps / 'include'}", str(CLIENT_SRC), str(THC_WIRE_SRC), *objs,
-                    str(ps / "build" / "libps.a"), str(ps / "deps" / "lib" / "libzmq.a"),
-                    "-lpthread", "-lrt", "-o", str(exe)], check=True)
+    subprocess.run(["nice", "g++", *facts.CODEC, f"-I{ROOT / 'csrc' / 'byteps' / 'src'}",
+                    f"-I{ROOT / 'csrc'}", f"-I{ps / 'include'}", str(CLIENT_SRC),
+                    str(THC_WIRE_SRC), *objs, str(ps / "build" / "libps.a"),
+                    str(ps / "deps" / "lib" / "libzmq.a"), "-lpthread", "-lrt", "-o", str(exe)],
+                   check=True)
     return exe
 
 

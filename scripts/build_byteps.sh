@@ -4,7 +4,8 @@
 #   + our patch series csrc/byteps/patches/*.patch (applied in name order)
 #   + our sources: every file under csrc/byteps/src/ (same relative path in the tree)
 #     and the codec cores csrc/thc/*.{h,cc} and csrc/lhc/*.{h,cc} (into thc/ and lhc/), with
-#     the headers they share, csrc/common/*.h (into common/)
+#     the headers they share, csrc/common/*.h (into common/), and how to compile them,
+#     csrc/build_facts.py (to the tree root, beside byteps_thc_build.py, which reads it)
 # -> the server and the PyTorch plugin, built as a wheel in .cache/byteps/build/KEY/dist/ and
 #    installed from that wheel with pip (the wheel stays: the Docker image installs the same one).
 #
@@ -44,6 +45,7 @@ SRC="$ROOT/csrc/byteps/src"
 CORE="$ROOT/csrc/thc"
 LHC_CORE="$ROOT/csrc/lhc"
 CODEC_COMMON="$ROOT/csrc/common"  # header-only: what both cores include as common/*.h
+BUILD_FACTS="$ROOT/csrc/build_facts.py"  # the cores' sources and flags (every build reads it)
 CACHE="$ROOT/.cache/byteps"
 export BYTEPS_BUILD_JOBS="${BYTEPS_BUILD_JOBS:-2}"
 
@@ -60,7 +62,7 @@ while [ $# -gt 0 ]; do
     --without) without="${without:+$without,}$2"; shift ;;
     --devtree) devtree="$2"; shift ;;
     --export) export_dir="$2"; shift ;;
-    -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
     *) die "unknown argument $1" ;;
   esac
   shift
@@ -178,6 +180,7 @@ for d in ("tensorflow", "tensorflow-cpu", "keras", "mxnet"):
   (cd "$CORE" && find . -maxdepth 1 -type f \( -name '*.h' -o -name '*.cc' \) | sort | xargs -r sha256sum)
   (cd "$LHC_CORE" && find . -maxdepth 1 -type f \( -name '*.h' -o -name '*.cc' \) | sort | xargs -r sha256sum)
   (cd "$CODEC_COMMON" && find . -maxdepth 1 -type f \( -name '*.h' -o -name '*.cc' \) | sort | xargs -r sha256sum)
+  sha256sum < "$BUILD_FACTS"
 } | sha256sum | cut -c1-16)"
 
 dest="${target:-$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')}"
@@ -246,6 +249,7 @@ for core in "$CORE" "$LHC_CORE" "$CODEC_COMMON"; do  # csrc/{thc,lhc,common} -> 
     cp "$f" "$sub/"; echo "$sub/$(basename "$f")" >> thc_added_files.txt
   done
 done
+cp "$BUILD_FACTS" build_facts.py && echo build_facts.py >> thc_added_files.txt
 log "added $(wc -l < thc_added_files.txt) files of ours"
 # ZeroMQ does not change with our patches: reuse the one built before (saves ~30 s).
 if [ -d "$CACHE/zmq-deps/include" ]; then

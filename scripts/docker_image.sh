@@ -150,7 +150,7 @@ TensorFlow plugin ($mode_tf): make byteps with tensorflow in .venv, or FORK=sour
     make -s ext || _ddie "the codec extension's build failed (make ext)"
   else
     so="$(ls byteps_thc/_C*.so 2> /dev/null | head -n 1)"
-    [ -n "$so" ] && [ -z "$(find setup.py csrc/thc csrc/lhc csrc/common csrc/python -newer "$so" -type f | head -n 1)" ] ||
+    [ -n "$so" ] && [ -z "$(find setup.py csrc/build_facts.py csrc/thc csrc/lhc csrc/common csrc/python -newer "$so" -type f | head -n 1)" ] ||
       _ddie "byteps_thc/_C*.so is missing or older than its sources: build it (make ext)"
   fi
   so="$(ls byteps_thc/_C*.so | head -n 1)"
@@ -159,7 +159,7 @@ TensorFlow plugin ($mode_tf): make byteps with tensorflow in .venv, or FORK=sour
     # gets the same sources built by the same setup.py with THC_CUDA=0, apart from make ext's
     # (cached on its inputs)
     ekey="$( { "${PY:-.venv/bin/python}" -c 'import sys; print(sys.version)'
-               find setup.py csrc/thc csrc/lhc csrc/common csrc/python -type f | sort | xargs sha256sum; } |
+               find setup.py csrc/build_facts.py csrc/thc csrc/lhc csrc/common csrc/python -type f | sort | xargs sha256sum; } |
              sha256sum | cut -c1-16)"
     edir="$ROOT/.cache/docker-ext/$ekey"
     if ! ls "$edir"/byteps_thc/_C*.so > /dev/null 2>&1; then

@@ -417,9 +417,14 @@ def _emulation_module():
         "rotate.cu", "encode.cu", "decode.cu", "hadamard.cu", "launch.cu", "emulate.cc")]
     srcs.append(root / "csrc" / "python" / "binding_cuda.cc")
     srcs.append(root / "csrc" / "thc" / "config.cc")  # thc::StatusText, for status_text()
+    # the codec's build description: the kernels as C++ get the core's flags (csrc/build_facts.py)
+    facts_py = root / "csrc" / "build_facts.py"
+    spec = importlib.util.spec_from_file_location("build_facts", facts_py)
+    facts = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(facts)
     h = hashlib.sha256()
     common = sorted((root / "csrc" / "common").glob("*.h"))  # what common.cuh and thc.h include
-    for p in sorted(cuda_dir.glob("*")) + srcs + common:
+    for p in sorted(cuda_dir.glob("*")) + srcs + common + [facts_py]:
         if p.is_file():
             h.update(p.read_bytes())
     out = root / "build" / "thc_cuda_emu" / h.hexdigest()[:16]
@@ -427,8 +432,8 @@ def _emulation_module():
     lib = out / f"_thc_cuda_emu{suffix}"
     if not lib.exists():
         out.mkdir(parents=True, exist_ok=True)
-        flags = ["-std=c++17", "-O1", "-fPIC", "-pthread", "-DTHC_CUDA_EMULATE",
-                 "-ffp-contract=off", "-Wno-attributes", f"-I{root / 'csrc'}", f"-I{cuda_inc}",
+        flags = [*facts.CODEC, "-fPIC", "-pthread", "-DTHC_CUDA_EMULATE",
+                 "-Wno-attributes", f"-I{root / 'csrc'}", f"-I{cuda_inc}",
                  f"-I{pybind11.get_include()}", f"-I{sysconfig.get_paths()['include']}"]
 
         def compile_one(src):

@@ -3,8 +3,9 @@
 scripts/build_byteps.sh copies every file under csrc/byteps/src/ into the BytePS tree at the same
 relative path (this one lands at the tree root, next to setup.py), copies the codec cores
 csrc/thc/*.{h,cc} to thc/ and csrc/lhc/*.{h,cc} to lhc/ and the headers they share,
-csrc/common/*.h, to common/ (the tree root is on the include path: "common/hash.h"), and writes
-thc_added_files.txt (one copied path a line). The patched setup.py then asks this module for:
+csrc/common/*.h, to common/ (the tree root is on the include path: "common/hash.h"), copies the
+codec's build description csrc/build_facts.py beside this file, and writes thc_added_files.txt
+(one copied path a line). The patched setup.py then asks this module for:
 
 - cpu_only():        the worker mode; BYTEPS_THC_CPU_ONLY=1 compiles the worker without CUDA, NCCL
                      or libnuma (the build script always sets it to 0 or 1).
@@ -15,26 +16,32 @@ thc_added_files.txt (one copied path a line). The patched setup.py then asks thi
 - setup_compiler(c): per-file flags (see file_flags) and BYTEPS_BUILD_JOBS parallel compiles.
 - pslite_make_option(): ZeroMQ from the tarball the sdist bundles (no download), bounded -j.
 """
+import importlib.util
 import os
-import platform
 import re
 from multiprocessing.pool import ThreadPool
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
-# Same rule as the top-level setup.py of byteps-thc: a file's ISA is the suffix of its stem.
-ISA_FLAGS = {
-    "avx2": ["-mavx2", "-mbmi2"],
-    "avx512": ["-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl", "-mbmi2"],
-}
+
+def _build_facts():
+    spec = importlib.util.spec_from_file_location("build_facts",
+                                                  os.path.join(HERE, "build_facts.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+# The codec's build description (csrc/build_facts.py): the cores' flags and the ISA rule.
+FACTS = _build_facts()
 # The codec cores, copied into the tree as thc/ (csrc/thc) and lhc/ (csrc/lhc), and what they
 # share (csrc/common, header-only).
-CORES = ("thc", "lhc", "common")
+CORES = FACTS.CORES + (FACTS.SHARED,)
 # Our files outside the cores that get the codec flags too: they include the cores' headers,
-# which are C++17 (BytePS compiles its own files as C++11).
-CODEC_FILE_PREFIXES = ("thc_", "lhc_", "max_round")
-# Codec files must not fuse a*b+c nor use fast-math (BytePS builds everything with -Ofast).
-CODEC_FLAGS = ["-std=c++17", "-fno-fast-math", "-ffp-contract=off"]
+# which are C++17 (BytePS compiles its own files as C++11), and must not be built with BytePS's
+# -Ofast either; failure.cc, the registry that every stage's thread and ps-lite's callbacks
+# reach, must not get -Ofast's -fallow-store-data-races.
+CODEC_FILE_PREFIXES = ("thc_", "lhc_", "max_round", "failure")
 
 
 def jobs():
@@ -43,14 +50,6 @@ def jobs():
 
 def cpu_only():
     return os.environ.get("BYTEPS_THC_CPU_ONLY", "0") == "1"
-
-
-def _is_x86():
-    return platform.machine().lower() in ("x86_64", "amd64")
-
-
-def _isa(path):
-    return os.path.splitext(os.path.basename(path))[0].rsplit("_", 1)[-1]
 
 
 def _added_files():
@@ -73,7 +72,7 @@ def extra_sources(kind):
     for rel in _added_files():
         if not rel.endswith(".cc"):
             continue
-        if _isa(rel) in ISA_FLAGS and not _is_x86():
+        if not FACTS.compiled_here(rel):
             continue
         top = rel.split("/")[0]
         tagged = _tagged_libraries(rel)
@@ -95,17 +94,15 @@ def extra_sources(kind):
 
 
 def file_flags(src):
-    """Extra flags for one source file: the codec rule for the cores (thc/*, lhc/*, common/*) and
-    the files named in CODEC_FILE_PREFIXES, none otherwise."""
+    """Extra flags for one source file, after BytePS's (-Ofast -march=native): the cores' flags
+    for thc/*, lhc/*, common/* (build_facts.core_flags: their x86-64 baseline and ISA rule), the
+    codec flags alone for the files named in CODEC_FILE_PREFIXES, none otherwise."""
     rel = os.path.relpath(os.path.abspath(src), HERE)
-    base = os.path.basename(rel)
-    core = rel.split(os.sep)[0] in CORES
-    if not (core or base.startswith(CODEC_FILE_PREFIXES)):
-        return []
-    flags = list(CODEC_FLAGS)
-    if core:
-        flags += ["-march=x86-64"] if _is_x86() else []
-    return flags + ISA_FLAGS.get(_isa(rel), [])
+    if rel.split(os.sep)[0] in CORES:
+        return FACTS.core_flags(rel)
+    if os.path.basename(rel).startswith(CODEC_FILE_PREFIXES):
+        return list(FACTS.CODEC)
+    return []
 
 
 def setup_compiler(compiler):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import hashlib
+import importlib.util
 import os
 import re
 import subprocess
@@ -22,9 +23,20 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-FLAGS = ["-O3", "--fmad=false", "-std=c++17", "-Xcompiler", "-fPIC",
-         "-Xcompiler", "-fvisibility=hidden", "-Xcompiler", "-ffp-contract=off",
-         "-DTHC_WITH_CUDA=1"]
+
+
+def _build_facts():
+    spec = importlib.util.spec_from_file_location("build_facts", HERE.parents[1] / "build_facts.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+# The codec's build description (csrc/build_facts.py): nvcc's level and FP rules, the host
+# compiler's FP rules; these objects link into byteps_thc._C, a shared object exporting one init.
+FACTS = _build_facts()
+FLAGS = (FACTS.NVCC + FACTS.xcompiler(["-fPIC", "-fvisibility=hidden"] + FACTS.FP)
+         + ["-DTHC_WITH_CUDA=1"])
 
 
 def nvcc_version(nvcc: str) -> tuple:
@@ -106,8 +118,7 @@ def cuda_objects(nvcc, build_temp: Path, root: Path):
     includes = [f"-I{root / 'csrc'}"]
     cu_flags = FLAGS + gencode_flags(archs) + includes
     binding = root / "csrc" / "python" / "binding_cuda.cc"
-    cc_flags = ["-O2", "-std=c++17", "-Xcompiler", "-fPIC", "-Xcompiler", "-fvisibility=hidden",
-                "-DTHC_WITH_CUDA=1"] + includes + _binding_includes()
+    cc_flags = FLAGS + includes + _binding_includes()
 
     sources = sorted(HERE.glob("*.cu"))
     jobs = [(src, out_dir / (src.stem + ".o"), [nvcc] + cu_flags) for src in sources]
@@ -118,7 +129,8 @@ def cuda_objects(nvcc, build_temp: Path, root: Path):
     # csrc/common included: common.cuh and thc.h include them).
     h = hashlib.sha256()
     common = sorted((root / "csrc" / "common").glob("*.h"))
-    for p in sorted(HERE.glob("*")) + [binding, root / "csrc" / "thc" / "thc.h"] + common:
+    for p in sorted(HERE.glob("*")) + [binding, root / "csrc" / "thc" / "thc.h"] + common + [
+            root / "csrc" / "build_facts.py"]:
         if p.is_file() and p.suffix in (".cu", ".cuh", ".h", ".cc", ".py"):
             h.update(p.name.encode())
             h.update(p.read_bytes())

@@ -10,9 +10,9 @@
 #include "compressor/compressor.h"
 #include "compressor/impl/lhc_compressor.h"
 #include "compressor/impl/lhc_wire.h"
+#include "failure.h"
 #include "global.h"
 #include "logging.h"
-#include "thc_failure.h"
 
 namespace byteps {
 namespace common {
@@ -41,8 +41,8 @@ void PullFallback(std::shared_ptr<TensorTableEntry> task, compressor::LhcCompres
     delete reply_lens;
     std::string err = lhc->CompleteFallback(bytes);
     if (!err.empty()) {
-      ThcFailPartition(task, Where(task) + ": the exact fallback round failed: " + err +
-                                 ". The server's log names the key and the sender.");
+      FailPartition(task, Where(task) + ": the exact fallback round failed: " + err +
+                              ". The server's log names the key and the sender.");
       return;
     }
     FinishOrProceed(task);

@@ -4,7 +4,7 @@
 // every worker: they peel the same sums) pushes this worker's int32 values at those indices
 // under the partition's key, pulls their sum over the workers, and completes its decode exactly;
 // then the partition proceeds as after any DECOMPRESS. The round is counted and logged by the
-// compressor. A failed round fails the partition (thc_failure.h), never the process.
+// compressor. A failed round fails the partition (failure.h), never the process.
 #ifndef BYTEPS_LHC_STAGE_H
 #define BYTEPS_LHC_STAGE_H
 

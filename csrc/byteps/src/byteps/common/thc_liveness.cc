@@ -11,8 +11,8 @@
 #include <string>
 #include <thread>
 
+#include "failure.h"
 #include "ps/internal/liveness.h"
-#include "thc_failure.h"
 
 namespace byteps {
 namespace common {

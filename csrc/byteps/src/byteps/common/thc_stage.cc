@@ -18,11 +18,12 @@
 #include "compressor/impl/max_round.h"
 #include "compressor/impl/thc_wire.h"
 #include "cpu_only.h"
+#include "failure.h"
 #include "global.h"
 #include "idle.h"
 #include "lhc_stage.h"
 #include "logging.h"
-#include "thc_failure.h"
+#include "nonfinite.h"
 
 namespace byteps {
 namespace common {
@@ -88,7 +89,7 @@ std::string Advice(const std::string& server_error) {
 // the residual and the step counter are those of a run without this step.
 void SkipNonFiniteStep(std::shared_ptr<TensorTableEntry> task, compressor::MaxRound* thc,
                        double max_norm, const std::string& local) {
-  const bool nan = tw::IsNaN(max_norm);
+  const bool nan = IsNaN(max_norm);
   char* out = static_cast<char*>(task->cpubuff) + task->offset;
   ThcDecompressTarget(task, &out);
   thc->FillNonFinite(out, nan);
@@ -118,20 +119,20 @@ void FinishNormRound(std::shared_ptr<TensorTableEntry> task, compressor::MaxRoun
   // A failed norm round failed for every worker (the server answers all with one reply), so all
   // of them skip the rest of this partition consistently.
   if (!local.empty()) {
-    ThcFailPartition(task, local);
+    FailPartition(task, local);
     return;
   }
   if (!err.empty()) {
-    ThcFailPartition(task, std::string(thc->codec_name()) + ": the " +
-                               (std::string(thc->codec_name()) == "LHC" ? "max" : "norm") +
-                               " round of tensor '" + task->tensor_name + "' (key " +
-                               std::to_string(task->key) + ") failed on rank " +
-                               std::to_string(BytePSGlobal::GetRank()) + ": " + err + Advice(err));
+    FailPartition(task, std::string(thc->codec_name()) + ": the " +
+                            (std::string(thc->codec_name()) == "LHC" ? "max" : "norm") +
+                            " round of tensor '" + task->tensor_name + "' (key " +
+                            std::to_string(task->key) + ") failed on rank " +
+                            std::to_string(BytePSGlobal::GetRank()) + ": " + err + Advice(err));
     return;
   }
-  if (!tw::IsFinite(max_norm)) {
+  if (!IsFinite(max_norm)) {
     if (thc->nonfinite_error()) {  // the server fails such rounds; a reply says it did not
-      ThcFailPartition(task, Where(task) + ": the agreed norm is not finite. " + NonFiniteAdvice());
+      FailPartition(task, Where(task) + ": the agreed norm is not finite. " + NonFiniteAdvice());
     } else {
       SkipNonFiniteStep(task, thc, max_norm, nonfinite);
     }
@@ -173,8 +174,8 @@ void PullMaxNorm(std::shared_ptr<TensorTableEntry> task, compressor::MaxRound* t
 void StartNormRound(std::shared_ptr<TensorTableEntry> task) {
   auto* thc = AsThc(task);
   if (!thc) {  // ThcAddStages adds THC_NORM only for THC tensors
-    ThcFailPartition(task, Where(task) + ": the THC_NORM stage got a tensor without the THC "
-                                         "compressor (a byteps-thc bug; please report it)");
+    FailPartition(task, Where(task) + ": the THC_NORM stage got a tensor without the THC "
+                                      "compressor (a byteps-thc bug; please report it)");
     return;
   }
   std::string local, nonfinite;
@@ -282,7 +283,7 @@ bool ThcAfterCompress(const std::shared_ptr<TensorTableEntry>& task) {
   auto* thc = AsThc(task);
   if (!thc) return false;
   std::string err = thc->TakeError();
-  if (!err.empty()) ThcRecordFailure(task, Where(task) + ": " + err + ".");
+  if (!err.empty()) RecordFailure(task, Where(task) + ": " + err + ".");
   return true;
 }
 
@@ -292,7 +293,7 @@ bool ThcAfterDecompress(std::shared_ptr<TensorTableEntry> task) {
   std::string err = thc->TakeError();
   if (err.empty()) return LhcStartFallback(task);  // LHC's exact fallback round, when pending
   std::string why = Where(task) + ": " + err + Advice(err);
-  ThcFailPartition(std::move(task), why);
+  FailPartition(std::move(task), why);
   return true;
 }
 

@@ -59,7 +59,7 @@ void ThcDecompressTarget(const std::shared_ptr<TensorTableEntry>& task, char** d
 // The THC_NORM stage's thread (started with the other loops on the root device).
 void ThcNormLoop();
 
-// Failures (thc_failure.h): a failed THC partition fails its push_pull with a message naming the
+// Failures (failure.h): a failed THC partition fails its push_pull with a message naming the
 // tensor, key, rank, what happened and what to do, and never the process.
 // After COMPRESS: records an encode failure; the header-only push still goes out, so the server
 // fails the round for every worker instead of waiting for this one. True for THC and LHC

@@ -1,4 +1,4 @@
-// byteps-thc: the server's homomorphic THC path (see thc_server.cc).
+// byteps-thc: the server's protocol for homomorphic keys, THC's and LHC's (see thc_server.cc).
 #ifndef BYTEPS_SERVER_THC_SERVER_H
 #define BYTEPS_SERVER_THC_SERVER_H
 
@@ -12,9 +12,9 @@ namespace server {
 
 // Called by BytePSHandler for every request, under its lock, with the decoded key and the
 // length/dtype of the key's store (0/-1 before the first push). Returns true when the request
-// belongs to THC and has been answered (or queued); false leaves it to BytePS.
+// belongs to a homomorphic codec and has been answered (or queued); false leaves it to BytePS.
 //
-// THC's requests: a compressor registration whose kwargs say compressor_type=thc (or lhc); every
+// Those requests: a compressor registration whose kwargs say compressor_type=thc (or lhc); every
 // push and pull of a key registered that way; the norm round (request type
 // thcwire::kThcNormRequest) and LHC's fallback round. A registration whose kwargs name no
 // compressor BytePS has (compressor/kwargs_check.h) is taken too and refused: BytePS's own

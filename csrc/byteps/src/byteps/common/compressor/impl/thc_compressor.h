@@ -11,7 +11,7 @@
 //               average=True divides by n).
 // Nothing here aborts on a worker's input or a peer's reply: a call that fails says why (Bind,
 // LocalNorm, ParseNormReply return the message; Compress and Decompress leave it for TakeError),
-// and the stages (common/thc_stage.cc) fail the push_pull with it (common/thc_failure.h). The
+// and the stages (common/thc_stage.cc) fail the push_pull with it (common/failure.h). The
 // plumbing LHC's compressor shares (buffers, checks, registration) is max_round_compressor.h.
 #ifndef BYTEPS_COMPRESSOR_THC_COMPRESSOR_H
 #define BYTEPS_COMPRESSOR_THC_COMPRESSOR_H

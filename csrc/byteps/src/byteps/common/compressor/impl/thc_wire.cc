@@ -7,6 +7,8 @@
 #include <cstdlib>
 #include <sstream>
 
+#include "../../nonfinite.h"
+
 namespace byteps {
 namespace common {
 namespace compressor {

@@ -37,9 +37,6 @@ struct ThcSettings {
   int codec_threads = 1;
 };
 
-// "error" or "propagate", as thc_nonfinite spells it.
-inline const char* NonfiniteName(bool error) { return error ? "error" : "propagate"; }
-
 // True when kwargs select THC (compressor_type=thc).
 bool IsThcKwargs(const Kwargs& kwargs);
 
@@ -67,19 +64,6 @@ std::string Describe(const thc::Config& cfg);
 
 // 64-bit digest of Describe(cfg) and the partition's element count d.
 uint64_t Fingerprint(const thc::Config& cfg, size_t d);
-
-// Finite test on the bits: BytePS builds with -Ofast, under which std::isfinite may fold to true.
-inline bool IsFinite(double x) {
-  uint64_t bits;
-  __builtin_memcpy(&bits, &x, sizeof(bits));
-  return (bits & 0x7FF0000000000000ull) != 0x7FF0000000000000ull;
-}
-
-inline bool IsNaN(double x) {
-  uint64_t bits;
-  __builtin_memcpy(&bits, &x, sizeof(bits));
-  return (bits & 0x7FFFFFFFFFFFFFFFull) > 0x7FF0000000000000ull;
-}
 
 // ---- wire format -----------------------------------------------------------------------------
 // Request types beyond BytePS's three (kDefaultPushPull=0, kRowSparse=1, kCompressed=2); they

@@ -1,6 +1,6 @@
-// byteps-thc: failures as statuses, the registry of operations in flight (see thc_failure.h).
+// byteps-thc: failures as statuses, the registry of operations in flight (see failure.h).
 // FailCluster/ClusterFailed are in every library (the server's too); the registry is worker-only.
-#include "thc_failure.h"
+#include "failure.h"
 
 #include <algorithm>
 #include <atomic>
@@ -94,7 +94,7 @@ bool ClusterFailed(std::string* why) {
   return true;
 }
 
-bool ThcFinalizeWithBarrier() { return !g_failed.load(); }
+bool FinalizeWithBarrier() { return !g_failed.load(); }
 
 #ifdef BYTEPS_BUILDING_SERVER
 void FailCluster(const std::string& why) {
@@ -124,15 +124,15 @@ void FailCluster(const std::string& why) {
 
 void FinishOrProceed(std::shared_ptr<TensorTableEntry> task);  // core_loops.cc
 
-bool ThcRefuseAfterFailure(const std::string& tensor_name,
-                           const std::function<void(const Status&)>& callback) {
+bool RefuseAfterFailure(const std::string& tensor_name,
+                        const std::function<void(const Status&)>& callback) {
   std::string why;
   if (!ClusterFailed(&why)) return false;
   callback(Status::Aborted(FailureMessage(tensor_name, why)));
   return true;
 }
 
-bool ThcTrackOperation(TensorTableEntry* entry) {
+bool TrackOperation(TensorTableEntry* entry) {
   auto op = std::make_shared<Operation>();
   op->name = entry->tensor_name;
   op->callback = entry->callback;
@@ -154,13 +154,13 @@ bool ThcTrackOperation(TensorTableEntry* entry) {
   return true;
 }
 
-void ThcRecordFailure(const std::shared_ptr<TensorTableEntry>& task, const std::string& why) {
+void RecordFailure(const std::shared_ptr<TensorTableEntry>& task, const std::string& why) {
   auto op = Find(IdOf(*task));
   if (!op) return;  // already completed (the cluster failed first)
   if (SetError(op.get(), why)) BPS_LOG(ERROR) << why;
 }
 
-bool ThcWaitUnlessFailed(const std::function<void(const std::function<void()>&)>& push) {
+bool WaitUnlessFailed(const std::function<void(const std::function<void()>&)>& push) {
   struct Done {
     std::mutex mu;
     std::condition_variable cv;
@@ -180,16 +180,16 @@ bool ThcWaitUnlessFailed(const std::function<void(const std::function<void()>&)>
   return true;
 }
 
-void ThcFinishPartitionNow(std::shared_ptr<TensorTableEntry> task) {
+void FinishPartitionNow(std::shared_ptr<TensorTableEntry> task) {
   // FinishOrProceed retires the current stage (its credit included) and, with nothing left in the
   // list, counts the partition as done; the last one runs the callback.
   if (task->queue_list.size() > 1) task->queue_list.resize(1);
   FinishOrProceed(std::move(task));
 }
 
-void ThcFailPartition(std::shared_ptr<TensorTableEntry> task, const std::string& why) {
-  ThcRecordFailure(task, why);
-  ThcFinishPartitionNow(std::move(task));
+void FailPartition(std::shared_ptr<TensorTableEntry> task, const std::string& why) {
+  RecordFailure(task, why);
+  FinishPartitionNow(std::move(task));
 }
 #endif  // BYTEPS_BUILDING_SERVER
 

@@ -12,8 +12,8 @@
 //
 // FailCluster and ClusterFailed need nothing of BytePS and may be called from any thread, a
 // ps-lite callback included.
-#ifndef BYTEPS_THC_FAILURE_H
-#define BYTEPS_THC_FAILURE_H
+#ifndef BYTEPS_COMMON_FAILURE_H
+#define BYTEPS_COMMON_FAILURE_H
 
 #include <functional>
 #include <memory>
@@ -34,32 +34,32 @@ bool ClusterFailed(std::string* why);
 
 // EnqueueTensor, before anything touches the tensor's context: after a cluster failure, runs
 // `callback` with the failure (naming the tensor) and returns true: the push_pull is not started.
-bool ThcRefuseAfterFailure(const std::string& tensor_name,
-                           const std::function<void(const Status&)>& callback);
+bool RefuseAfterFailure(const std::string& tensor_name,
+                        const std::function<void(const Status&)>& callback);
 
 // EnqueueTensor, once the operation's entry has its callback and counter, before it is split into
 // partitions: registers the operation and wraps entry->callback (run once, with the operation's
 // first error if a partition failed). False, with the callback run, after a cluster failure.
-bool ThcTrackOperation(TensorTableEntry* entry);
+bool TrackOperation(TensorTableEntry* entry);
 
 // Records `why` as the failure of the partition's tensor operation (the first one wins; the
 // first of each operation is logged). The partition goes on through its stages.
-void ThcRecordFailure(const std::shared_ptr<TensorTableEntry>& task, const std::string& why);
+void RecordFailure(const std::shared_ptr<TensorTableEntry>& task, const std::string& why);
 
 // Records `why` and finishes the partition now, without its remaining stages.
-void ThcFailPartition(std::shared_ptr<TensorTableEntry> task, const std::string& why);
+void FailPartition(std::shared_ptr<TensorTableEntry> task, const std::string& why);
 
 // Finishes the partition now, without its remaining stages (no failure recorded).
-void ThcFinishPartitionNow(std::shared_ptr<TensorTableEntry> task);
+void FinishPartitionNow(std::shared_ptr<TensorTableEntry> task);
 
 // InitTensor's blocking pushes: `push(done)` issues one with `done` as its callback; waits until
 // done runs (true) or the cluster fails (false: the push may never be answered, InitTensor gives
 // up and EnqueueTensor fails the push_pull with the reason).
-bool ThcWaitUnlessFailed(const std::function<void(const std::function<void()>&)>& push);
+bool WaitUnlessFailed(const std::function<void(const std::function<void()>&)>& push);
 
 // BytePS's shutdown: false after a cluster failure (ps-lite's finalize barrier would wait for peers
 // that may be dead).
-bool ThcFinalizeWithBarrier();
+bool FinalizeWithBarrier();
 
 }  // namespace common
 }  // namespace byteps
@@ -69,4 +69,4 @@ extern "C" void byteps_thc_fail_cluster(const char* why);
 // 1 after a cluster failure, with its reason copied into buf (NUL-terminated, at most len bytes).
 extern "C" int byteps_thc_cluster_failed(char* buf, int len);
 
-#endif  // BYTEPS_THC_FAILURE_H
+#endif  // BYTEPS_COMMON_FAILURE_H
