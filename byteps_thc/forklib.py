@@ -2,7 +2,7 @@
 
 Each plugin of the BytePS fork (torch, TensorFlow, MXNet) links our common sources, so each of
 its libraries exports the same `byteps_thc_*` functions (csrc/byteps/src/byteps/common/:
-thc_failure.h, compressor/kwargs_check.h). An adapter hands this class the library its plugin
+failure.h, compressor/kwargs_check.h). An adapter hands this class the library its plugin
 loaded (`ctypes.CDLL`) and the plugin's name; everything that calls those functions goes through
 here, so that the three adapters share one failure API and one refusal check.
 """
@@ -35,7 +35,7 @@ class ForkLib:
         fn.restype = restype
         return fn
 
-    # -- cluster failure (thc_failure.h) -----------------------------------------------------
+    # -- cluster failure (failure.h) ---------------------------------------------------------
     def fail_cluster(self, why: str) -> None:
         """Fail this worker's cluster: every push_pull in flight and every later one fails
         carrying `why`, and BytePS's shutdown no longer waits for the other nodes. The first

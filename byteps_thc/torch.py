@@ -190,7 +190,7 @@ def async_refusal(compressor) -> Optional[str]:
 
 
 # ------------------------------------------------------------------------------------------------
-# Cluster failure (csrc/byteps/src/byteps/common/thc_failure.h)
+# Cluster failure (csrc/byteps/src/byteps/common/failure.h)
 # ------------------------------------------------------------------------------------------------
 def _fork_lib() -> ForkLib:
     return ForkLib(_ops()._basics.C_LIB_CTYPES, "torch")
@@ -326,7 +326,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             try:
                 output = ops.synchronize(handle)  # logs a stall (patch 0063, torch_waits)
             except RuntimeError as e:
-                # a failed push_pull (thc_failure.h): wait for the others, then raise the first
+                # a failed push_pull (failure.h): wait for the others, then raise the first
                 failed = failed or e
                 continue
             if output is None:
