@@ -138,7 +138,7 @@ def fake_ops(monkeypatch):
 
 
 def install_fake_ops(monkeypatch) -> FakeOps:
-    """A FakeOps as `byteps.torch.ops` for the test (test_torch_apis.py uses it too)."""
+    """A FakeOps as `byteps.torch.ops` for the test (test_torch_wrappers.py uses it too)."""
     ops = FakeOps()
     byteps = types.ModuleType("byteps")
     btorch = types.ModuleType("byteps.torch")
