@@ -154,7 +154,9 @@ TensorFlow plugin ($mode_tf): make byteps with tensorflow in .venv, or FORK=sour
       _ddie "byteps_thc/_C*.so is missing or older than its sources: build it (make ext)"
   fi
   so="$(ls byteps_thc/_C*.so | head -n 1)"
-  if ldd "$so" 2> /dev/null | grep -q 'libcudart'; then
+  # (grep without -q: under pipefail, grep -q can exit before ldd has written everything, and
+  # ldd's SIGPIPE would make the test false)
+  if ldd "$so" 2> /dev/null | grep 'libcudart' > /dev/null; then
     # make ext linked the CUDA kernels (nvcc is here): the CPU image has no CUDA runtime, so it
     # gets the same sources built by the same setup.py with THC_CUDA=0, apart from make ext's
     # (cached on its inputs)

@@ -89,7 +89,9 @@ t=$(date +%s)
 "$DOCKER" run -d --name "$RUN_ID-stop" "${common[@]}" -e DMLC_ROLE=scheduler \
   -e DMLC_PS_ROOT_URI="$RUN_ID-stop" "$IMAGE" bpslaunch > /dev/null
 for _ in $(seq 60); do
-  "$DOCKER" logs "$RUN_ID-stop" 2>&1 | grep -q 'BytePS launching scheduler' && break; sleep 1
+  # (not grep -q: under pipefail its early exit would fail the pipeline through SIGPIPE)
+  "$DOCKER" logs "$RUN_ID-stop" 2>&1 | grep 'BytePS launching scheduler' > /dev/null && break
+  sleep 1
 done
 "$DOCKER" stop -t 30 "$RUN_ID-stop" > /dev/null
 code="$("$DOCKER" inspect -f '{{.State.ExitCode}}' "$RUN_ID-stop")"
