@@ -11,12 +11,10 @@ The expected counts come from the MLP's shapes (test_compressor_flag's SIZES).
 import json
 import os
 import re
-import sys
 
 import pytest
 
 import test_compressor_flag as cf
-import test_launch_local as launch_local
 from test_launch_local import ROOT, pytestmark  # noqa: F401
 
 SCRIPTS = os.path.join(ROOT, "tests", "cluster", "scripts")
@@ -36,21 +34,9 @@ class Run(cf.Run):
 
 
 def run(script_argv, compressor=None, env=None, timeout=400, expect=0):
-    """One `bpslaunch --local 2` cluster, in a private network namespace where possible."""
-    e = {k: v for k, v in (os.environ if env is None else env).items()
-         if not k.startswith(("BYTEPS_COMPRESSOR", "BYTEPS_MIN_COMPRESS"))}
-    args = ["--local", "2", "--timeout", str(timeout - 60)]
-    if compressor:
-        args += ["--compressor", compressor]
-    args += ["--", sys.executable] + list(script_argv)
-    shell = ('ip link set lo up && "$@"; rc=$?; '
-             'awk \'$1 == "lo:" {print "LO_TX " $10}\' /proc/net/dev; exit $rc')
-    prefix = (cf.NETNS + ["sh", "-c", shell, "netns"]) if cf.NETNS else ()
-    code, out, err, _ = launch_local.bpslaunch(args, timeout=timeout, env=e, prefix=prefix)
-    result = Run(code, out + err)
-    if expect is not None:
-        assert (code == 0) == (expect == 0), (out + err)[-4000:]
-    return result
+    """One `bpslaunch --local 2` cluster (test_compressor_flag's), `env` added to its
+    environment."""
+    return cf.bpslaunch(script_argv, compressor, timeout, extra_env=env, expect=expect, result=Run)
 
 
 def _agree(r: Run):
@@ -99,9 +85,14 @@ def test_ddp_explicit_fp16_stays_with_one_warning():
     _agree(r)
 
 
-def test_ddp_wait_past_stall_warn_is_logged_with_the_tensor():
-    env = dict(os.environ, BYTEPS_THC_STALL_WARN="1")
-    r = run([DDP, "--delay-rank", "1", "--delay-s", "4"] + STEPS, compressor="thc", env=env)
+
+
+@pytest.mark.parametrize("script", [DDP, BARRIER], ids=["ddp", "cross_barrier"])
+def test_wait_past_stall_warn_is_logged_with_the_tensor(script):
+    """Rank 1 sleeps 4 s before its second backward; rank 0's wait for it passes
+    BYTEPS_THC_STALL_WARN=1 and is logged with the gradient's name."""
+    r = run([script, "--delay-rank", "1", "--delay-s", "4"] + STEPS, compressor="thc",
+            env=dict(BYTEPS_THC_STALL_WARN="1"))
     assert re.search(r"\[worker 0\] byteps-thc: worker 0 has waited \d+ s for the push_pull of "
                      r"'Gradient\.[0-9.a-z]+'", r.output), r.output[-3000:]
     _agree(r)
@@ -121,19 +112,11 @@ def test_cross_barrier_trains_and_workers_agree(compressor, optimizer):
     _agree(r)
 
 
-def test_cross_barrier_wait_past_stall_warn_is_logged():
-    env = dict(os.environ, BYTEPS_THC_STALL_WARN="1")
-    r = run([BARRIER, "--delay-rank", "1", "--delay-s", "4"] + STEPS, compressor="thc", env=env)
-    assert re.search(r"\[worker 0\] byteps-thc: worker 0 has waited \d+ s for the push_pull of "
-                     r"'Gradient\.", r.output), r.output[-3000:]
-    _agree(r)
-
-
 # ------------------------------------------------------------------------------------------------
 # BYTEPS_ENABLE_ASYNC=1
 # ------------------------------------------------------------------------------------------------
 def test_async_training_uncompressed_runs_and_ends_on_the_servers_sum():
-    r = run([ASYNC] + STEPS, env=dict(os.environ, BYTEPS_ENABLE_ASYNC="1"))
+    r = run([ASYNC] + STEPS, env=dict(BYTEPS_ENABLE_ASYNC="1"))
     assert "Check failed" not in r.output and "asynchronous" in r.output, r.output[-3000:]
     initial = dict(re.findall(r"\] rank (\d) initial digest (\w+)", r.output))
     assert initial["0"] == initial["1"], initial  # the broadcast under async training
@@ -147,14 +130,14 @@ def test_async_training_uncompressed_runs_and_ends_on_the_servers_sum():
                                             ("onebit", "without decompressing it")])
 def test_async_training_with_a_compressor_is_refused_at_once(compressor, why):
     r = run([ASYNC] + STEPS, compressor=compressor,
-            env=dict(os.environ, BYTEPS_ENABLE_ASYNC="1"), expect=1)
+            env=dict(BYTEPS_ENABLE_ASYNC="1"), expect=1)
     assert r.code != 0
     assert "ValueError: BYTEPS_ENABLE_ASYNC=1 (asynchronous training) cannot use" in r.output
     assert why in r.output and "Check failed" not in r.output, r.output[-3000:]
 
 
 def test_ddp_under_async_training_is_refused_at_once():
-    r = run([DDP] + STEPS, env=dict(os.environ, BYTEPS_ENABLE_ASYNC="1"), expect=1)
+    r = run([DDP] + STEPS, env=dict(BYTEPS_ENABLE_ASYNC="1"), expect=1)
     assert "needs byteps.torch.DistributedOptimizer" in r.output, r.output[-3000:]
     assert "Check failed" not in r.output
 
@@ -163,7 +146,7 @@ def test_ddp_under_async_training_is_refused_at_once():
 # BYTEPS_TRACE_ON=1: the timeline
 # ------------------------------------------------------------------------------------------------
 def test_traces_land_in_one_folder_per_rank_with_thcs_stages(tmp_path):
-    env = dict(os.environ, BYTEPS_TRACE_ON="1", BYTEPS_TRACE_DIR=str(tmp_path),
+    env = dict(BYTEPS_TRACE_ON="1", BYTEPS_TRACE_DIR=str(tmp_path),
                BYTEPS_TRACE_START_STEP="3", BYTEPS_TRACE_END_STEP="6")
     r = run([SYNTHETIC, "--no-cuda"] + STEPS, compressor="thc", env=env)
     for rank in (0, 1):

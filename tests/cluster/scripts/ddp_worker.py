@@ -8,11 +8,9 @@ what it saw to OUT_DIR/rank{r}.pt; the test recomputes the expected values from 
 """
 import dataclasses
 import os
-import sys
 
 import numpy as np
 import torch
-import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from byteps_thc import ThcConfig
@@ -72,6 +70,7 @@ def wrap(net, state, log):
 
 
 def run_exact(rank, n, out, dtype_name, start_iter, steps=3):
+    start_iter = int(start_iter)
     dtype = getattr(torch, dtype_name)
     state = ThcHookState(min_compress_bytes=1024, start_iter=start_iter)
     state.trace = []
@@ -151,23 +150,8 @@ def run_single(rank, n, out):
     torch.save({"grads": grads, "stats": dict(state.stats)}, os.path.join(out, f"rank{rank}.pt"))
 
 
-def main():
-    scenario, out = sys.argv[1], sys.argv[2]
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", timeout=__import__("datetime").timedelta(seconds=60))
-    rank, n = dist.get_rank(), dist.get_world_size()
-    if scenario == "exact":
-        run_exact(rank, n, out, sys.argv[3], int(sys.argv[4]))
-    elif scenario == "mismatch":
-        run_mismatch(rank, n, out, sys.argv[3])
-    elif scenario == "second":
-        run_second(rank, n, out)
-    elif scenario == "single":
-        run_single(rank, n, out)
-    else:
-        raise SystemExit(f"unknown scenario {scenario!r}")
-    dist.destroy_process_group()
+if __name__ == "__main__":  # run as a script: its folder is on sys.path
+    import gloo_scenarios
 
-
-if __name__ == "__main__":
-    main()
+    gloo_scenarios.main({"exact": run_exact, "mismatch": run_mismatch, "second": run_second,
+                         "single": run_single})

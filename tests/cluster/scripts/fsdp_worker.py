@@ -6,9 +6,7 @@ The input of rank r at step s is `inputs(r, s, n)`: n shards of SIZE values, dra
 the test knows. Each rank saves what it saw to OUT/rank{r}.pt; the test recomputes the expected
 values from the same inputs with the NumPy reference.
 """
-import datetime
 import os
-import sys
 
 import numpy as np
 import torch
@@ -86,19 +84,7 @@ def run_refuse(rank, n, out):
     torch.save(res, os.path.join(out, f"rank{rank}.pt"))
 
 
-def main():
-    scenario, out = sys.argv[1], sys.argv[2]
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
-    rank, n = dist.get_rank(), dist.get_world_size()
-    if scenario == "exact":
-        run_exact(rank, n, out, sys.argv[3], sys.argv[4])
-    elif scenario == "refuse":
-        run_refuse(rank, n, out)
-    else:
-        raise SystemExit(f"unknown scenario {scenario!r}")
-    dist.destroy_process_group()
+if __name__ == "__main__":  # run as a script: its folder is on sys.path
+    import gloo_scenarios
 
-
-if __name__ == "__main__":
-    main()
+    gloo_scenarios.main({"exact": run_exact, "refuse": run_refuse})

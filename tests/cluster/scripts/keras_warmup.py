@@ -22,6 +22,7 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
 import keras
 import numpy as np
+import synthetic  # tests/cluster/scripts/synthetic.py
 
 import byteps.tensorflow.keras as bps
 
@@ -31,9 +32,7 @@ parser.add_argument("--lr", type=float, default=0.05)
 parser.add_argument("--epochs", type=int, default=3)
 parser.add_argument("--warmup-epochs", type=int, default=2)
 parser.add_argument("--steps-per-epoch", type=int, default=4)
-parser.add_argument("--batch-size", type=int, default=16)
-parser.add_argument("--input-size", type=int, default=1024)
-parser.add_argument("--hidden", type=int, default=512)
+synthetic.model_args(parser)
 args = parser.parse_args()
 
 bps.init()

@@ -22,6 +22,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
 import keras
+import synthetic  # tests/cluster/scripts/synthetic.py
 import tensorflow as tf
 
 import byteps.tensorflow as bps
@@ -31,9 +32,7 @@ parser = argparse.ArgumentParser(description="TF2 benchmark, broadcast on the fi
 parser.add_argument("--mode", choices=("function", "eager"), default="function")
 parser.add_argument("--broadcast-step", type=int, default=0)
 parser.add_argument("--steps", type=int, default=12)
-parser.add_argument("--batch-size", type=int, default=16)
-parser.add_argument("--input-size", type=int, default=1024)
-parser.add_argument("--hidden", type=int, default=512)
+synthetic.model_args(parser)
 args = parser.parse_args()
 
 bps.init()

@@ -5,7 +5,6 @@ explicitly (or `.fp16` with --fp16-pushpull). It knows nothing of byteps-thc;
 tests/cluster/test_compressor_flag.py runs it under `bpslaunch --compressor ...`.
 """
 import os
-import timeit
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
@@ -50,13 +49,7 @@ if args.api == "tape":
         opt.apply_gradients(zip(grads, model.trainable_variables))
         return loss
 
-    log("Running warmup...")
-    timeit.timeit(lambda: benchmark_step().numpy(), number=args.num_warmup_batches)
-    log("Running benchmark...")
-    for x in range(args.num_iters):
-        t = timeit.timeit(lambda: benchmark_step().numpy(), number=args.num_batches_per_iter)
-        log(f"Iter #{x}: {args.batch_size * args.num_batches_per_iter / t:.1f} samples/sec "
-            "per worker")
+    synthetic.timed_iters(lambda: benchmark_step().numpy(), args, log)
     log(f"final loss {float(benchmark_step()):.4f}")
 else:
     opt = bps.DistributedOptimizer(keras.optimizers.SGD(0.01), compression=compression)

@@ -5,11 +5,8 @@ way BytePS's cross-barrier example is: `compression=bps.Compression.none` as boi
 Every rank prints its final loss and a digest of its parameters (`rank R parameter digest H`).
 tests/cluster/test_torch_apis.py runs it.
 """
-import timeit
-
 import synthetic  # tests/cluster/scripts/synthetic.py
 import torch
-import torch.nn.functional as F
 
 import byteps.torch as bps
 from byteps.torch.cross_barrier import CrossBarrier
@@ -36,28 +33,11 @@ torch.manual_seed(99 + bps.rank())  # each worker its own data
 data = torch.randn(args.batch_size, args.input_size)
 target = torch.randint(0, 10, (args.batch_size,))
 
-
-step = 0
-
-
-def benchmark_step():
-    global step
-    optimizer.zero_grad()
-    loss = F.cross_entropy(model(data), target)
-    synthetic.maybe_delay(bps, args, step)
-    step += 1
-    loss.backward()
-    optimizer.step()
-    return loss
-
-
+benchmark_step = synthetic.torch_step(bps, args, model, optimizer, data, target)
 log = synthetic.rank0_log(bps)
 log(f"Model: MLP, CrossBarrier ({args.optimizer}), batch size {args.batch_size}, "
     f"{bps.size()} workers")
-timeit.timeit(benchmark_step, number=args.num_warmup_batches)
-for x in range(args.num_iters):
-    t = timeit.timeit(benchmark_step, number=args.num_batches_per_iter)
-    log(f"Iter #{x}: {args.batch_size * args.num_batches_per_iter / t:.1f} samples/sec per worker")
+synthetic.timed_iters(benchmark_step, args, log)
 loss = benchmark_step()  # the num_steps-th step: it waits for every update
 print(f"rank {bps.rank()} final loss {loss.item():.4f}", flush=True)
 print(f"rank {bps.rank()} parameter digest {synthetic.digest(model.parameters())}", flush=True)

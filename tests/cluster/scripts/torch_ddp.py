@@ -5,11 +5,8 @@ written the way BytePS's DDP example is: the module wrapper, a plain torch optim
 Every rank prints its final loss and a digest of its parameters (`rank R parameter digest H`),
 so that a test can check that the workers agree. tests/cluster/test_torch_apis.py runs it.
 """
-import timeit
-
 import synthetic  # tests/cluster/scripts/synthetic.py
 import torch
-import torch.nn.functional as F
 
 import byteps.torch as bps
 from byteps.torch.parallel import DistributedDataParallel as DDP
@@ -28,27 +25,10 @@ torch.manual_seed(99 + bps.rank())  # each worker its own data
 data = torch.randn(args.batch_size, args.input_size)
 target = torch.randint(0, 10, (args.batch_size,))
 
-
-step = 0
-
-
-def benchmark_step():
-    global step
-    optimizer.zero_grad()
-    loss = F.cross_entropy(model(data), target)
-    synthetic.maybe_delay(bps, args, step)
-    step += 1
-    loss.backward()  # averages every gradient over the workers before it returns
-    optimizer.step()
-    return loss
-
-
+benchmark_step = synthetic.torch_step(bps, args, model, optimizer, data, target)
 log = synthetic.rank0_log(bps)
 log(f"Model: MLP, DDP wrapper, batch size {args.batch_size}, {bps.size()} workers")
-timeit.timeit(benchmark_step, number=args.num_warmup_batches)
-for x in range(args.num_iters):
-    t = timeit.timeit(benchmark_step, number=args.num_batches_per_iter)
-    log(f"Iter #{x}: {args.batch_size * args.num_batches_per_iter / t:.1f} samples/sec per worker")
+synthetic.timed_iters(benchmark_step, args, log)
 print(f"rank {bps.rank()} final loss {benchmark_step().item():.4f}", flush=True)
 print(f"rank {bps.rank()} parameter digest {synthetic.digest(model.module.parameters())}",
       flush=True)

@@ -4,11 +4,8 @@ It knows nothing of byteps-thc: it passes `compression=bps.Compression.none` exp
 `.fp16` with --fp16-pushpull), as upstream's scripts do, and leaves everything else to the
 launcher. tests/cluster/test_compressor_flag.py runs it under `bpslaunch --compressor ...`.
 """
-import timeit
-
 import synthetic  # tests/cluster/scripts/synthetic.py
 import torch
-import torch.nn.functional as F
 import torch.optim as optim
 
 import byteps.torch as bps
@@ -23,10 +20,7 @@ torch.manual_seed(1234)
 if args.cuda:
     torch.cuda.set_device(bps.local_rank())
 
-model = torch.nn.Sequential(
-    torch.nn.Linear(args.input_size, args.hidden), torch.nn.ReLU(),
-    torch.nn.Linear(args.hidden, args.hidden), torch.nn.ReLU(),
-    torch.nn.Linear(args.hidden, 10))
+model = synthetic.mlp(torch, args)
 if args.cuda:
     model.cuda()
 
@@ -42,25 +36,10 @@ target = torch.randint(0, 10, (args.batch_size,))
 if args.cuda:
     data, target = data.cuda(), target.cuda()
 
-
-def benchmark_step():
-    optimizer.zero_grad()
-    loss = F.cross_entropy(model(data), target)
-    loss.backward()
-    optimizer.step()
-    return loss
-
-
+benchmark_step = synthetic.torch_step(bps, args, model, optimizer, data, target)
 log = synthetic.rank0_log(bps)
 log(f"Model: MLP {args.input_size}-{args.hidden}-{args.hidden}-10, batch size {args.batch_size}, "
     f"{bps.size()} workers")
-log("Running warmup...")
-timeit.timeit(benchmark_step, number=args.num_warmup_batches)
-log("Running benchmark...")
-rates = []
-for x in range(args.num_iters):
-    t = timeit.timeit(benchmark_step, number=args.num_batches_per_iter)
-    rates.append(args.batch_size * args.num_batches_per_iter / t)
-    log(f"Iter #{x}: {rates[-1]:.1f} samples/sec per worker")
+rates = synthetic.timed_iters(benchmark_step, args, log)
 log(f"Samples/sec per worker: {sum(rates) / len(rates):.1f}")
 log(f"final loss {benchmark_step().item():.4f}")
