@@ -1,12 +1,16 @@
-"""What the PyTorch digits examples share: the model, its digest, the data and the training loop.
+"""What the PyTorch digits examples share: the model, its digest, the data, the training loop
+and the process group.
 
-train_digits.py (BytePS) and train_digits_ddp.py (DDP with the THC comm hook) differ only in how
-gradients are averaged; both import this module from their own folder (on sys.path as the
-script's directory), so that the model, the shards, the batch order and the loop are one code.
+train_digits.py (BytePS), train_digits_ddp.py (DDP with the THC comm hook) and
+train_digits_fsdp.py (FSDP2 with THC's reduce-scatter) differ only in how gradients are averaged;
+each imports this module from its own folder (on sys.path as the script's directory), so that the
+model, the shards, the batch order and the loop are one code.
 """
 import hashlib
+import time
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 
 
@@ -36,6 +40,14 @@ class Digits:
         self.n_train, (x_te, y_te) = len(data[0][1]), data[1]
         self.x_tr, self.y_tr = torch.from_numpy(x_tr).to(dtype), torch.from_numpy(y_tr)
         self.x_te, self.y_te = torch.from_numpy(x_te).to(dtype), torch.from_numpy(y_te)
+
+    def banner(self, args, size, net, how):
+        """The run's first line, which bench_network.py reads (rank 0 prints it); `how` says
+        how gradients are averaged."""
+        n_params = sum(p.numel() for p in net.parameters())
+        return (f"digits: {self.n_train} training and {len(self.y_te)} test images, {size} "
+                f"rank(s), {self.steps_per_epoch} steps/epoch of {args.batch_size} per rank, MLP "
+                f"64-{args.hidden}-{args.hidden}-10 ({n_params} parameters), {how}")
 
     def accuracy(self, net):
         net.eval()
@@ -70,3 +82,31 @@ def train(model, net, opt, data, args, rank, report=True):
             print(f"epoch {epoch:2d}/{args.epochs}  loss {total_loss / seen:.4f}  "
                   f"train acc {correct / seen:.4f}  test acc {data.accuracy(net):.4f}", flush=True)
     return steps
+
+
+def timed_train(common, model, net, opt, data, args, rank, report=True):
+    """train(...), and the result fields of it that example.common.finish reports: steps, wall
+    seconds and the bytes that crossed the loopback interface meanwhile."""
+    tx0, t0 = common.loopback_tx_bytes(), time.perf_counter()
+    steps = train(model, net, opt, data, args, rank, report)
+    seconds = time.perf_counter() - t0
+    return dict(common.wire_stats(tx0, common.loopback_tx_bytes(), steps), steps=steps,
+                seconds=seconds)
+
+
+class Group:
+    """What example.common.finish needs of a launcher (rank, size, shutdown), for
+    torch.distributed, or for one process alone when not `distributed`."""
+
+    def __init__(self, distributed=True):
+        self.distributed = distributed
+
+    def rank(self):
+        return dist.get_rank() if self.distributed else 0
+
+    def size(self):
+        return dist.get_world_size() if self.distributed else 1
+
+    def shutdown(self):
+        if self.distributed:
+            dist.destroy_process_group()

@@ -13,31 +13,13 @@ the final test accuracy and a digest of the parameters (the same on every rank).
 """
 import os
 import sys
-import time
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from digits_torch import Digits, make_model, param_digest, train
+from digits_torch import Digits, Group, make_model, param_digest, timed_train
 from example import common
-
-
-class Group:
-    """What common.finish needs of a launcher: rank, size, shutdown."""
-
-    def __init__(self, distributed):
-        self.distributed = distributed
-
-    def rank(self):
-        return dist.get_rank() if self.distributed else 0
-
-    def size(self):
-        return dist.get_world_size() if self.distributed else 1
-
-    def shutdown(self):
-        if self.distributed:
-            dist.destroy_process_group()
 
 
 def parse_args(argv=None):
@@ -85,19 +67,11 @@ def main(argv=None):
         state = register_hook(model, args)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
     if rank == 0:
-        n_params = sum(p.numel() for p in net.parameters())
-        print(f"digits: {data.n_train} training and {len(data.y_te)} test images, "
-              f"{size} rank(s), {data.steps_per_epoch} steps/epoch of {args.batch_size} per rank, "
-              f"MLP 64-{args.hidden}-"
-              f"{args.hidden}-10 ({n_params} parameters, {args.dtype}), DDP hook "
-              f"{args.compressor if distributed else 'none (one process)'}", flush=True)
+        hook = args.compressor if distributed else "none (one process)"
+        print(data.banner(args, size, net, f"{args.dtype}, DDP hook {hook}"), flush=True)
 
-    tx0, t0 = common.loopback_tx_bytes(), time.perf_counter()
-    steps = train(model, net, opt, data, args, rank, report=rank == 0)
-    seconds = time.perf_counter() - t0
-    result = dict(common.wire_stats(tx0, common.loopback_tx_bytes(), steps),
-                  accuracy=data.accuracy(net), steps=steps, seconds=seconds,
-                  digest=param_digest(net),
+    result = dict(timed_train(common, model, net, opt, data, args, rank, report=rank == 0),
+                  accuracy=data.accuracy(net), digest=param_digest(net),
                   param_bytes=sum(p.numel() * p.element_size() for p in net.parameters()))
     if state is not None:
         result["thc"] = dict(state.stats)

@@ -14,27 +14,13 @@ prints the final test accuracy and a digest of the gathered parameters (the same
 import hashlib
 import os
 import sys
-import time
 
 import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-from digits_torch import Digits, make_model, train
+from digits_torch import Digits, Group, make_model, timed_train
 from example import common
-
-
-class Group:
-    """What example.common.finish needs of a launcher: rank, size, shutdown."""
-
-    def rank(self):
-        return dist.get_rank()
-
-    def size(self):
-        return dist.get_world_size()
-
-    def shutdown(self):
-        dist.destroy_process_group()
 
 
 def parse_args(argv=None):
@@ -89,19 +75,13 @@ def main(argv=None):
     comms = shard(net, args)
     opt = torch.optim.SGD(net.parameters(), lr=args.lr, momentum=args.momentum)
     if rank == 0:
-        n_params = sum(p.numel() for p in net.parameters())
-        print(f"digits: {data.n_train} training and {len(data.y_te)} test images, {size} "
-              f"ranks, {data.steps_per_epoch} steps/epoch of {args.batch_size} per rank, MLP "
-              f"64-{args.hidden}-{args.hidden}-10 ({n_params} parameters), fully_shard, "
-              f"reduce {args.reduce_dtype} by {args.compressor}", flush=True)
+        print(data.banner(args, size, net, f"fully_shard, reduce {args.reduce_dtype} by "
+                                           f"{args.compressor}"), flush=True)
 
-    tx0, t0 = common.loopback_tx_bytes(), time.perf_counter()
     # no per-epoch evaluation: a forward on one rank alone would wait for the others' shards
-    steps = train(net, net, opt, data, args, rank, report=False)
-    seconds = time.perf_counter() - t0
+    result = timed_train(common, net, net, opt, data, args, rank, report=False)
     plain, digest = gathered(net, dtype, args.hidden)
-    result = dict(common.wire_stats(tx0, common.loopback_tx_bytes(), steps),
-                  accuracy=data.accuracy(plain), steps=steps, seconds=seconds, digest=digest)
+    result.update(accuracy=data.accuracy(plain), digest=digest)
     if comms:
         stats = {k: sum(c.stats[k] for c in comms) for k in comms[0].stats}
         result["thc"] = dict(stats, residual_bytes=sum(c.residual_bytes() for c in comms))
