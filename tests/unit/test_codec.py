@@ -173,11 +173,16 @@ def test_bad_max_norm(bad, msg):
     assert c.step == 0
 
 
-def test_non_finite_input_changes_nothing():
+def _after_one_step():
+    """A codec one step in (error feedback on), the gradient of that step, its residual and step."""
     c = ThcCodec(ThcConfig(rotation_block=256), size=1000)
     x = np.random.default_rng(0).standard_normal(1000).astype(np.float32)
     c.encode(x, 50.0)
-    res, step = c.residual, c.step
+    return c, x, c.residual, c.step
+
+
+def test_non_finite_input_changes_nothing():
+    c, x, res, step = _after_one_step()
     y = x.copy()
     y[999] = np.nan
     with pytest.raises(ValueError, match="NaN or Inf"):
@@ -189,10 +194,7 @@ def test_non_finite_input_changes_nothing():
 
 def test_overflow_inside_the_transform_changes_nothing():
     """Finite inputs near FLT_MAX whose Hadamard sums overflow: a ValueError, as for NaN/Inf."""
-    c = ThcCodec(ThcConfig(rotation_block=256), size=1000)
-    x = np.random.default_rng(0).standard_normal(1000).astype(np.float32)
-    c.encode(x, 50.0)
-    res, step = c.residual, c.step
+    c, x, res, step = _after_one_step()
     y = x.copy()
     y[:32] = 3e38  # finite; any two of them with the same sign sum past FLT_MAX
     with pytest.raises(ValueError, match="overflowed float32.*nothing was changed"):

@@ -46,21 +46,34 @@ def test_registry_kwargs():
         c.thc_config(config=cfg, bits=3)
 
 
+# A toy adapter: its "tensors" are (is_float, nbytes) pairs.
+class _Registry(c.RegistryCompressor):
+    def is_floating(self, t):
+        return t[0]
+
+    def wire_bytes(self, t):
+        return t[1]
+
+
+class _Thc(c.ThcMixin, _Registry):
+    pass
+
+
+class _None(c.Compressor):
+    name = "none"
+
+
+class _Fp16(c.Compressor):
+    name = "fp16"
+
+
+class _Compression(c.CompressionBase):
+    none, fp16 = _None(), _Fp16()
+    _registry_class, _thc_class = _Registry, _Thc
+
+
 def test_compression_base_with_a_toy_adapter():
-    class Registry(c.RegistryCompressor):   # "tensors" are (is_float, nbytes) pairs
-        def is_floating(self, t):
-            return t[0]
-
-        def wire_bytes(self, t):
-            return t[1]
-
-    class Thc(c.ThcMixin, Registry):
-        pass
-
-    class Compression(c.CompressionBase):
-        none, fp16 = c.Compressor(), c.Compressor()
-        _registry_class, _thc_class = Registry, Thc
-
+    Compression = _Compression
     thc = Compression.thc(bits=3, granularity=14)
     assert thc == Compression.from_env({"BYTEPS_COMPRESSOR": "thc", "BYTEPS_THC_BITS": "3",
                                         "BYTEPS_THC_GRANULARITY": "14"})
@@ -76,7 +89,7 @@ def test_compression_base_with_a_toy_adapter():
                                        "error_feedback=True)")
     assert Compression.from_env({}) is Compression.none
     d = Compression.dithering(2, seed=1)
-    assert type(d) is Registry and d.kwargs((True, 1 << 20))["compressor_type"] == "dithering"
+    assert type(d) is _Registry and d.kwargs((True, 1 << 20))["compressor_type"] == "dithering"
 
 
 def test_learning_rate_file_for_vanilla_error_feedback(tmp_path, monkeypatch):
@@ -103,31 +116,6 @@ def test_learning_rate_file_for_vanilla_error_feedback(tmp_path, monkeypatch):
 # ------------------------------------------------------------------------------------------------
 # Which compressor is in force (Compression.none is no choice) and saying so once
 # ------------------------------------------------------------------------------------------------
-class _Registry(c.RegistryCompressor):   # "tensors" are (is_float, nbytes) pairs
-    def is_floating(self, t):
-        return t[0]
-
-    def wire_bytes(self, t):
-        return t[1]
-
-
-class _Thc(c.ThcMixin, _Registry):
-    pass
-
-
-class _None(c.Compressor):
-    name = "none"
-
-
-class _Fp16(c.Compressor):
-    name = "fp16"
-
-
-class _Compression(c.CompressionBase):
-    none, fp16 = _None(), _Fp16()
-    _registry_class, _thc_class = _Registry, _Thc
-
-
 THC_ENV = {"BYTEPS_COMPRESSOR": "thc", "BYTEPS_THC_BITS": "3", "BYTEPS_THC_GRANULARITY": "14"}
 LAUNCHED = {**THC_ENV, "BYTEPS_COMPRESSOR_SET_BY": "bpslaunch"}
 
@@ -255,18 +243,7 @@ def test_thc_kwargs_carry_the_nonfinite_mode():
         dict(cfg.to_kwargs(), thc_nonfinite="error")
     with pytest.raises(ValueError, match="BYTEPS_THC_NONFINITE='skip'"):
         c.thc_kwargs(cfg, {"BYTEPS_THC_NONFINITE": "skip"})
-
-    class Registry(c.RegistryCompressor):
-        def is_floating(self, tensor):
-            return tensor[0]
-
-        def wire_bytes(self, tensor):
-            return tensor[1]
-
-    class Thc(c.ThcMixin, Registry):
-        pass
-
-    thc = Thc(cfg)
+    thc = _Thc(cfg)
     assert thc.kwargs((True, 1 << 20), {"BYTEPS_THC_NONFINITE": "error"})["thc_nonfinite"] == \
         "error"
     assert thc.kwargs((True, 100), {"BYTEPS_THC_NONFINITE": "error"}) is None

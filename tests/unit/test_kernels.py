@@ -168,6 +168,16 @@ def test_encode_bit_exact_every_isa(d, bits, block, ef):
                 assert enc.residual is None
 
 
+def _encodes_match_reference(enc, cfg, x, res, rank, steps=2):
+    """`steps` encodes of x at the reference's norm: each payload and residual (to the bit) the
+    reference's."""
+    for step in range(steps):
+        m = R.norm(x, res, cfg)
+        want, res, _ = R.encode(cfg, x, m, rank, step, res)
+        assert np.array_equal(enc.encode(x, m), want)
+        assert np.array_equal(bits_of(enc.residual), bits_of(res))
+
+
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("bits,g", [(1, 1), (3, 7), (5, 100), (8, 510), (2, 1000)])
 def test_encode_other_tables(isa, bits, g):
@@ -176,12 +186,7 @@ def test_encode_other_tables(isa, bits, g):
     d = 5000
     x = np.random.default_rng(g).standard_normal(d).astype(np.float32)
     res = R.initial_residual(cfg, d)
-    enc = _C.Encoder(core(cfg), d, 1, True)
-    for step in range(2):
-        m = R.norm(x, res, cfg)
-        want, res, _ = R.encode(cfg, x, m, 1, step, res)
-        assert np.array_equal(enc.encode(x, m), want)
-        assert np.array_equal(bits_of(enc.residual), bits_of(res))
+    _encodes_match_reference(_C.Encoder(core(cfg), d, 1, True), cfg, x, res, rank=1)
 
 
 @pytest.mark.parametrize("isa", ISAS)
@@ -197,13 +202,16 @@ def test_encode_large_granularity_binary_search(isa):
     assert _C.validate(c) == ""
     d = 3000
     x = np.random.default_rng(3).standard_normal(d).astype(np.float32)
-    enc = _C.Encoder(c, d, 2, True)
     res = np.zeros(512 * 6, dtype=np.float32)  # d_pad: 3000 padded to blocks of 512
-    for step in range(2):
-        m = R.norm(x, res, cfg)
-        want, res, _ = R.encode(cfg, x, m, 2, step, res)
-        assert np.array_equal(enc.encode(x, m), want)
-        assert np.array_equal(bits_of(enc.residual), bits_of(res))
+    _encodes_match_reference(_C.Encoder(c, d, 2, True), cfg, x, res, rank=2)
+
+
+def _ef_encoder(isa, block, d, rank):
+    """The default configuration with rotation blocks `block`, under ISA `isa`: it, an Encoder of
+    d values with error feedback for `rank`, and the reference's initial residual."""
+    assert _C.force_isa(isa)
+    cfg = ThcConfig(rotation_block=block)
+    return cfg, _C.Encoder(core(cfg), d, rank, True), R.initial_residual(cfg, d)
 
 
 @pytest.mark.parametrize("isa", ISAS)
@@ -212,12 +220,9 @@ def test_encode_reuses_the_norms_rotation_only_for_that_gradient(isa, block):
     """With error feedback norm(x) rotates x and encode(x) of the same step quantises that
     rotation. Encode of another array, of the same array changed in place, of another step, or
     after a failed encode rotates again: every payload and state equals the reference's."""
-    assert _C.force_isa(isa)
-    cfg = ThcConfig(rotation_block=block)
     d = 5000
+    cfg, enc, res = _ef_encoder(isa, block, d, rank=2)
     rng = np.random.default_rng(4)
-    enc = _C.Encoder(core(cfg), d, 2, True)
-    res = R.initial_residual(cfg, d)
     x = rng.standard_normal(d).astype(np.float32)
     cases = ["same", "other array", "changed in place", "stale step", "after a failure"]
     for step, case in enumerate(cases):
@@ -246,12 +251,9 @@ def test_norm_of_values_whose_squares_overflow_float32(isa, block):
     finite (|y| above ~1.8e19). With error feedback that run holds y + r already: the redo must
     not add r twice (visible when r is as large as y: a first step clipped almost everything).
     Norm and the encode that reuses its rotation equal the reference's."""
-    assert _C.force_isa(isa)
-    cfg = ThcConfig(rotation_block=block)
     d = 3000
+    cfg, enc, res = _ef_encoder(isa, block, d, rank=0)
     rng = np.random.default_rng(6)
-    enc = _C.Encoder(core(cfg), d, 0, True)
-    res = R.initial_residual(cfg, d)
     big = (rng.standard_normal(d) * 1e19).astype(np.float32)
     small_m = R.norm(big, res, cfg) * 1e-3
     _, res, _ = R.encode(cfg, big, small_m, 0, 0, res)
