@@ -57,29 +57,29 @@ class NoneCompressor(Compressor):
         return tensor if ctx is None else tf.cast(tensor, ctx)
 
 
+def _floats_as(wire, tensor):
+    """compress() of a compressor whose floating-point tensors travel as `wire`: the tensor cast,
+    and its own dtype to cast back to; other tensors as NoneCompressor sends them."""
+    if tensor.dtype.is_floating and tensor.dtype != wire:
+        return tf.cast(tensor, wire), tensor.dtype
+    return NoneCompressor.compress(None, tensor)
+
+
 class FP16Compressor(Compressor):
     """Casts floating-point gradients to float16 for the push_pull and back (as upstream)."""
     name = "fp16"
+    decompress = NoneCompressor.decompress
 
     def compress(self, tensor):
-        if tensor.dtype.is_floating and tensor.dtype != tf.float16:
-            return tf.cast(tensor, tf.float16), tensor.dtype
-        return NoneCompressor.compress(self, tensor)
-
-    def decompress(self, tensor, ctx):
-        return tensor if ctx is None else tf.cast(tensor, ctx)
+        return _floats_as(tf.float16, tensor)
 
 
 class RegistryCompressor(_c.RegistryCompressor):
     """A compressor of BytePS's C++ registry, chosen by kwargs; tensors travel as float32."""
+    decompress = NoneCompressor.decompress
 
     def compress(self, tensor):
-        if tensor.dtype.is_floating and tensor.dtype != tf.float32:
-            return tf.cast(tensor, tf.float32), tensor.dtype
-        return NoneCompressor.compress(self, tensor)
-
-    def decompress(self, tensor, ctx):
-        return tensor if ctx is None else tf.cast(tensor, ctx)
+        return _floats_as(tf.float32, tensor)
 
     def is_floating(self, tensor) -> bool:
         return tensor.dtype.is_floating
