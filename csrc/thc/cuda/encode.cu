@@ -5,22 +5,12 @@
 // (which kernels, in which order) is made in launch.cu.
 #include "tile.cuh"
 
-namespace thc {
-namespace cuda {
-namespace detail {
+namespace thc::cuda::detail {
 
 // Whole blocks in one tile: load, transform, + r, quantise, pack, new state, in one kernel.
-THC_DEFINE_LAUNCH_TILE(kSmallTile, Src::kGrad, Dst::kQuant, float)
-THC_DEFINE_LAUNCH_TILE(kSmallTile, Src::kGrad, Dst::kQuant, __half)
-THC_DEFINE_LAUNCH_TILE(kSmallTile, Src::kGrad, Dst::kQuant, __nv_bfloat16)
-THC_DEFINE_LAUNCH_TILE(kLargeTile, Src::kGrad, Dst::kQuant, float)
-THC_DEFINE_LAUNCH_TILE(kLargeTile, Src::kGrad, Dst::kQuant, __half)
-THC_DEFINE_LAUNCH_TILE(kLargeTile, Src::kGrad, Dst::kQuant, __nv_bfloat16)
+THC_DEFINE_LAUNCH_TILES_PER_GRAD_TYPE(Src::kGrad, Dst::kQuant)
 
 // Larger blocks: the last pass (high bits) into the payload and the state.
-THC_DEFINE_LAUNCH_TILE(kSmallTile, Src::kScratch, Dst::kQuant, float)
-THC_DEFINE_LAUNCH_TILE(kLargeTile, Src::kScratch, Dst::kQuant, float)
+THC_DEFINE_LAUNCH_TILES(Src::kScratch, Dst::kQuant, float)
 
-}  // namespace detail
-}  // namespace cuda
-}  // namespace thc
+}  // namespace thc::cuda::detail

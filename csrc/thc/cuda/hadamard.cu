@@ -2,13 +2,8 @@
 // rotation block larger than one tile, shared by encode and decode.
 #include "tile.cuh"
 
-namespace thc {
-namespace cuda {
-namespace detail {
+namespace thc::cuda::detail {
 
-THC_DEFINE_LAUNCH_TILE(kSmallTile, Src::kScratch, Dst::kScratch, float)
-THC_DEFINE_LAUNCH_TILE(kLargeTile, Src::kScratch, Dst::kScratch, float)
+THC_DEFINE_LAUNCH_TILES(Src::kScratch, Dst::kScratch, float)
 
-}  // namespace detail
-}  // namespace cuda
-}  // namespace thc
+}  // namespace thc::cuda::detail

@@ -128,6 +128,34 @@ uint64_t ChunkLen(const Code& code, const Geometry& g) {
   return len < g.padded ? len : g.padded;
 }
 
+// fn(off, plan) for each chunk of g, from coordinate off, with p's chunk fields (j_base, padded,
+// d) set and p->first true; the first error ends it.
+template <typename F>
+cudaError_t ForEachChunk(const Code& code, const Geometry& g, TileParams* p, F fn) {
+  const uint64_t chunk = ChunkLen(code, g);
+  for (uint64_t off = 0; off < g.padded; off += chunk) {
+    Geometry gc = g;
+    gc.padded = chunk < g.padded - off ? chunk : g.padded - off;
+    p->j_base = off;
+    p->padded = gc.padded;
+    p->d = g.d - off < gc.padded ? g.d - off : gc.padded;
+    p->first = true;
+    const cudaError_t err = fn(off, MakePlan(code, gc));
+    if (err != cudaSuccess) return err;
+  }
+  return cudaSuccess;
+}
+
+// Every pass of one chunk: source S -> workspace, the middle passes, workspace -> destination D.
+template <Src S, Dst D, typename T>
+cudaError_t ChunkPasses(const Plan& plan, TileParams* p, float* ws, cudaStream_t stream) {
+  p->scratch = ws;
+  cudaError_t err = Tile<S, Dst::kScratch, T>(plan.pass[0], p, stream);
+  if (err == cudaSuccess) err = MiddlePasses(plan, p, ws, stream);
+  if (err == cudaSuccess) err = Tile<Src::kScratch, D, float>(plan.pass[plan.n - 1], p, stream);
+  return err;
+}
+
 template <typename P>
 P* Advance(P* ptr, uint64_t bytes) {
   using Byte = typename std::conditional<std::is_const<P>::value, const char, char>::type;
@@ -149,27 +177,14 @@ cudaError_t RotateT(const Code& code, const Geometry& g, TileParams* p, const vo
   }
   const float* res_in = p->res_in;
   float* res_out = p->res_out;
-  const uint64_t chunk = ChunkLen(code, g);
-  for (uint64_t off = 0; off < g.padded; off += chunk) {
-    Geometry gc = g;
-    gc.padded = chunk < g.padded - off ? chunk : g.padded - off;
-    const Plan plan = MakePlan(code, gc);
-    p->j_base = off;
-    p->padded = gc.padded;
-    p->d = g.d - off < gc.padded ? g.d - off : gc.padded;
-    p->payload_bytes = gc.padded * code.bits / 8;  // a multiple of 2^15 coordinates
-    p->first = true;
+  return ForEachChunk(code, g, p, [&](uint64_t off, const Plan& plan) {
+    p->payload_bytes = p->padded * code.bits / 8;  // a multiple of 2^15 coordinates
     p->src = Advance(grad, off * sizeof(T));
     p->res_in = res_in ? res_in + off : nullptr;
     p->res_out = res_out ? res_out + off : nullptr;
     p->payload = payload ? payload + off * code.bits / 8 : nullptr;
-    p->scratch = workspace;
-    cudaError_t err = Tile<Src::kGrad, Dst::kScratch, T>(plan.pass[0], p, stream);
-    if (err == cudaSuccess) err = MiddlePasses(plan, p, workspace, stream);
-    if (err == cudaSuccess) err = Tile<Src::kScratch, D, float>(plan.pass[plan.n - 1], p, stream);
-    if (err != cudaSuccess) return err;
-  }
-  return cudaSuccess;
+    return ChunkPasses<Src::kGrad, D, T>(plan, p, workspace, stream);
+  });
 }
 
 template <Dst D>
@@ -197,27 +212,13 @@ cudaError_t DecodeT(const Code& code, const Geometry& g, TileParams* p, const De
     return Tile<Src::kSums, Dst::kOut, L>(plan.pass[0], p, stream);
   }
   const uint64_t cast_size = a.out_dtype == kFloat32 ? 4 : 2;
-  const uint64_t chunk = ChunkLen(code, g);
-  for (uint64_t off = 0; off < g.padded; off += chunk) {
-    Geometry gc = g;
-    gc.padded = chunk < g.padded - off ? chunk : g.padded - off;
-    const Plan plan = MakePlan(code, gc);
-    p->j_base = off;
-    p->padded = gc.padded;
-    p->d = g.d - off < gc.padded ? g.d - off : gc.padded;
-    p->first = true;
+  return ForEachChunk(code, g, p, [&](uint64_t off, const Plan& plan) {
     p->zero_at_m0 = true;
     p->src = Advance(a.sums, off * sizeof(L));
     p->out = a.out ? a.out + off : nullptr;
     p->out_cast = Advance(a.out_cast, off * cast_size);
-    p->scratch = a.workspace;
-    cudaError_t err = Tile<Src::kSums, Dst::kScratch, L>(plan.pass[0], p, stream);
-    if (err == cudaSuccess) err = MiddlePasses(plan, p, a.workspace, stream);
-    if (err == cudaSuccess)
-      err = Tile<Src::kScratch, Dst::kOut, float>(plan.pass[plan.n - 1], p, stream);
-    if (err != cudaSuccess) return err;
-  }
-  return cudaSuccess;
+    return ChunkPasses<Src::kSums, Dst::kOut, L>(plan, p, a.workspace, stream);
+  });
 }
 
 std::string CheckSizes(const Code& code, uint64_t d, Geometry* g) {

@@ -405,6 +405,20 @@ cudaError_t LaunchTile(const TileParams& p, cudaStream_t stream);
   }
 #endif
 
+// The instantiations for both tile sizes; and those for each gradient type (kernels that read the
+// gradient) or each lane width of the sums (kernels that read the sums).
+#define THC_DEFINE_LAUNCH_TILES(S, D, T)      \
+  THC_DEFINE_LAUNCH_TILE(kSmallTile, S, D, T) \
+  THC_DEFINE_LAUNCH_TILE(kLargeTile, S, D, T)
+#define THC_DEFINE_LAUNCH_TILES_PER_GRAD_TYPE(S, D) \
+  THC_DEFINE_LAUNCH_TILES(S, D, float)              \
+  THC_DEFINE_LAUNCH_TILES(S, D, __half)             \
+  THC_DEFINE_LAUNCH_TILES(S, D, __nv_bfloat16)
+#define THC_DEFINE_LAUNCH_TILES_PER_SUM_LANE(S, D) \
+  THC_DEFINE_LAUNCH_TILES(S, D, uint8_t)           \
+  THC_DEFINE_LAUNCH_TILES(S, D, uint16_t)          \
+  THC_DEFINE_LAUNCH_TILES(S, D, uint32_t)
+
 }  // namespace detail
 }  // namespace cuda
 }  // namespace thc
