@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "lhc/lhc.h"
+#include "python/errors.h"
 #include "thc/thc.h"
 
 namespace py = pybind11;
@@ -38,7 +39,7 @@ void RegisterCuda(py::module_& m);  // csrc/python/binding_cuda.cc
 
 namespace {
 
-[[noreturn]] void Fail(const std::string& msg) { throw py::value_error(msg); }
+using thc_python::Fail;
 
 void CheckConfig(const thc::Config& cfg) {
   const std::string err = thc::Validate(cfg);
@@ -93,6 +94,14 @@ py::array_t<T> Vector(const py::handle& obj, const char* what, size_t expect = 0
     Fail(m.str());
   }
   return py::reinterpret_borrow<py::array_t<T>>(a);
+}
+
+// An output of n elements: `out_obj` (n writeable elements of T), or a new array when it is None.
+template <typename T>
+py::array_t<T> OutArray(const py::handle& out_obj, size_t n) {
+  py::array_t<T> out = out_obj.is_none() ? py::array_t<T>(n) : Vector<T>(out_obj, "out", n, true);
+  if (!out.writeable()) Fail("out must be writeable");
+  return out;
 }
 
 void CheckMaxNorm(double max_norm) {
@@ -163,10 +172,7 @@ class PyEncoder {
   py::array_t<uint8_t> Encode(const py::handle& x, double max_norm, const py::handle& out_obj) {
     auto a = Vector<float>(x, "x", enc_->geometry().d, true);
     CheckMaxNorm(max_norm);
-    py::array_t<uint8_t> out =
-        out_obj.is_none() ? py::array_t<uint8_t>(enc_->geometry().payload_bytes)
-                          : Vector<uint8_t>(out_obj, "out", enc_->geometry().payload_bytes, true);
-    if (!out.writeable()) Fail("out must be writeable");
+    py::array_t<uint8_t> out = OutArray<uint8_t>(out_obj, enc_->geometry().payload_bytes);
     thc::Status st;
     {
       py::gil_scoped_release nogil;
@@ -232,6 +238,19 @@ class PyAggregator {
   std::unique_ptr<thc::Aggregator> agg_;
 };
 
+// Integer sums given to decode or publish: a 1-D contiguous uint8, uint16 or uint32 array;
+// *lane its lane width in bits.
+py::array SumsArray(const py::handle& sums, int* lane) {
+  if (!py::isinstance<py::array>(sums)) Fail("sums must be a NumPy array");
+  py::array a = py::reinterpret_borrow<py::array>(sums);
+  if (a.dtype().is(py::dtype::of<uint8_t>())) *lane = 8;
+  else if (a.dtype().is(py::dtype::of<uint16_t>())) *lane = 16;
+  else if (a.dtype().is(py::dtype::of<uint32_t>())) *lane = 32;
+  else Fail("sums must have dtype uint8, uint16 or uint32, got " + std::string(py::str(a.dtype())));
+  if (a.ndim() != 1 || !(a.flags() & py::array::c_style)) Fail("sums must be 1-D and contiguous");
+  return a;
+}
+
 py::array_t<float> DecodePy(const thc::Config& cfg, size_t d, const py::handle& sums,
                             uint32_t num_workers, double max_norm, const py::handle& out_obj,
                             int threads) {
@@ -241,13 +260,8 @@ py::array_t<float> DecodePy(const thc::Config& cfg, size_t d, const py::handle& 
   CheckMaxNorm(max_norm);
   if (num_workers == 0) Fail("num_workers must be >= 1, got 0");
   const thc::Geometry geo = thc::MakeGeometry(cfg, d);
-  if (!py::isinstance<py::array>(sums)) Fail("sums must be a NumPy array");
-  py::array a = py::reinterpret_borrow<py::array>(sums);
   int lane = 0;
-  if (a.dtype().is(py::dtype::of<uint8_t>())) lane = 8;
-  else if (a.dtype().is(py::dtype::of<uint16_t>())) lane = 16;
-  else if (a.dtype().is(py::dtype::of<uint32_t>())) lane = 32;
-  else Fail("sums must have dtype uint8, uint16 or uint32, got " + std::string(py::str(a.dtype())));
+  py::array a = SumsArray(sums, &lane);
   const int need = thc::LaneBits(cfg, num_workers);
   if (need == 0) Fail("num_workers * granularity overflows a 32-bit sum lane");
   if (lane != need) {
@@ -256,15 +270,12 @@ py::array_t<float> DecodePy(const thc::Config& cfg, size_t d, const py::handle& 
       << " and granularity=" << cfg.granularity << " need " << need << "-bit lanes";
     Fail(m.str());
   }
-  if (a.ndim() != 1 || !(a.flags() & py::array::c_style)) Fail("sums must be 1-D and contiguous");
   if ((size_t)a.size() != geo.padded) {
     std::ostringstream m;
     m << "sums have " << a.size() << " elements, expected the padded size " << geo.padded;
     Fail(m.str());
   }
-  py::array_t<float> out =
-      out_obj.is_none() ? py::array_t<float>(d) : Vector<float>(out_obj, "out", d, true);
-  if (!out.writeable()) Fail("out must be writeable");
+  py::array_t<float> out = OutArray<float>(out_obj, d);
   thc::Status st;
   {
     py::gil_scoped_release nogil;
@@ -286,14 +297,8 @@ int SumBitsChecked(const thc::Config& cfg, uint32_t num_workers) {
 py::array_t<uint8_t> PublishPy(const thc::Config& cfg, uint32_t num_workers,
                                const py::handle& sums) {
   const int w = SumBitsChecked(cfg, num_workers);
-  if (!py::isinstance<py::array>(sums)) Fail("sums must be a NumPy array");
-  py::array a = py::reinterpret_borrow<py::array>(sums);
   int lane = 0;
-  if (a.dtype().is(py::dtype::of<uint8_t>())) lane = 8;
-  else if (a.dtype().is(py::dtype::of<uint16_t>())) lane = 16;
-  else if (a.dtype().is(py::dtype::of<uint32_t>())) lane = 32;
-  else Fail("sums must have dtype uint8, uint16 or uint32, got " + std::string(py::str(a.dtype())));
-  if (a.ndim() != 1 || !(a.flags() & py::array::c_style)) Fail("sums must be 1-D and contiguous");
+  py::array a = SumsArray(sums, &lane);
   if (lane < w) {
     std::ostringstream m;
     m << "sums have " << lane << "-bit lanes, narrower than the " << w << " bits they need";
@@ -324,9 +329,7 @@ py::array_t<float> DecodePublishedPy(const thc::Config& cfg, size_t d, const py:
       << " sums of " << w << " bits)";
     Fail(m.str());
   }
-  py::array_t<float> out =
-      out_obj.is_none() ? py::array_t<float>(d) : Vector<float>(out_obj, "out", d, true);
-  if (!out.writeable()) Fail("out must be writeable");
+  py::array_t<float> out = OutArray<float>(out_obj, d);
   thc::Status st;
   {
     py::gil_scoped_release nogil;
@@ -468,8 +471,7 @@ PYBIND11_MODULE(_C, m) {
   m.def(
       "force_isa",
       [](const std::string& name) {
-        if (name != "portable" && name != "avx2" && name != "avx512")
-          Fail("unknown ISA '" + name + "'; expected portable, avx2 or avx512");
+        thc_python::CheckIsaName(name);
         const bool ok = thc::ForceIsa(name);
         if (ok) lhc::ForceIsa(name);  // one cap for both cores (one rule: common/isa.h)
         return ok;

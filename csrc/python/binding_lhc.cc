@@ -11,12 +11,13 @@
 #include <string>
 
 #include "lhc/lhc.h"
+#include "python/errors.h"
 
 namespace py = pybind11;
 
 namespace {
 
-[[noreturn]] void Fail(const std::string& msg) { throw py::value_error(msg); }
+using thc_python::Fail;
 
 template <class T>
 py::array_t<T> Vector(const py::handle& obj, const char* what, size_t expect) {
@@ -228,8 +229,7 @@ void RegisterLhc(py::module_& m) {
   m.def(
       "lhc_force_isa",
       [](const std::string& name) {
-        if (name != "portable" && name != "avx2" && name != "avx512")
-          Fail("unknown ISA '" + name + "'; expected portable, avx2 or avx512");
+        thc_python::CheckIsaName(name);
         return lhc::ForceIsa(name);
       },
       py::arg("name"), "Caps the LHC kernels' instruction set; False if this CPU lacks it.");
