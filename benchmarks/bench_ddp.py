@@ -37,15 +37,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import tempfile
-import time
 
-from byteps_thc.launch.supervisor import ProcSpec, Supervisor
+from benchmarks import gloo_ranks
 from harness.netem import CleanupOnSignal, EmulatedNetwork, available, cleanup_stale, measure_tcp
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 HOOKS = ("plain", "fp16", "powersgd", "powersgd-async", "thc", "thc-block16", "byteps-thc")
 DDP_HOOKS = HOOKS[:-1]
@@ -54,11 +50,6 @@ PORT = 29400
 
 
 # -- one rank ------------------------------------------------------------------------------------
-def _eth0(stat):
-    with open(f"/sys/class/net/eth0/statistics/{stat}") as f:
-        return int(f.read())
-
-
 def worker(a) -> int:
     import torch
     import torch.distributed as dist
@@ -110,54 +101,21 @@ def worker(a) -> int:
         model.zero_grad(set_to_none=True)
         model(grads).backward()
 
-    for _ in range(a.warmup):
-        step()
-    dist.barrier()
-    times = []
-    tx0, rx0, cpu0 = _eth0("tx_bytes"), _eth0("rx_bytes"), time.process_time()
-    for _ in range(a.steps):
-        t = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - t)
-    tx1, rx1, cpu1 = _eth0("tx_bytes"), _eth0("rx_bytes"), time.process_time()
-    dist.barrier()
+    rec = gloo_ranks.timed_steps(step, a.warmup, a.steps)
     if rank == 0:
-        n_params = sum(p.numel() for p in net.parameters())
-        print(TAG + json.dumps({
-            "step_s": statistics.median(times), "step_times_s": times,
-            "bytes_per_step": (tx1 - tx0 + rx1 - rx0) / a.steps,
-            "cpu_s_per_step": (cpu1 - cpu0) / a.steps, "params": n_params}), flush=True)
+        rec["params"] = sum(p.numel() for p in net.parameters())
+        print(TAG + json.dumps(rec), flush=True)
     dist.destroy_process_group()
     return 0
 
 
 # -- the runs ------------------------------------------------------------------------------------
 def run(net, a, model, hook, bw):
-    load0 = os.getloadavg()[0]
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DMLC_", "BYTEPS_"))}
-    env.update(PYTHONPATH=ROOT, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1",
-               MASTER_ADDR=net.addr["w0"], MASTER_PORT=str(PORT), WORLD_SIZE=str(a.ranks),
-               GLOO_SOCKET_IFNAME="eth0")
     argv = [sys.executable, os.path.abspath(__file__), "--worker", "--model", model, "--hook",
             hook, "--steps", str(a.steps), "--warmup", str(a.warmup)]
-    specs = [ProcSpec(f"rank {r}", "worker", net.argv(f"w{r}", argv), dict(env, RANK=str(r)))
-             for r in range(a.ranks)]
-    sup = Supervisor(specs, echo=False, keep_lines=True, err=sys.stderr, tag="bench_ddp",
-                     grace=30.0, timeout=a.run_timeout, shutdown_timeout=5.0, poll_interval=0.2)
-    try:
-        with sup:
-            outcome = sup.wait()
-    finally:
-        net.kill_all()
-    rec = {"model": model, "hook": hook, "gbit": bw, "ranks": a.ranks, "status": outcome.kind,
-           "loadavg": [load0, os.getloadavg()[0]]}
-    for _, line in sup.logs["rank 0"].lines:
-        if line.startswith(TAG):
-            rec.update(json.loads(line[len(TAG):]))
-    if "step_s" not in rec:
-        rec["error"] = outcome.message
-        rec["log_tail"] = {n: sup.logs[n].tail(30) for n in sup.logs}
-    return rec
+    return gloo_ranks.run_ranks(net, a.ranks, argv, PORT, TAG, a.run_timeout,
+                                {"model": model, "hook": hook, "gbit": bw, "ranks": a.ranks},
+                                "bench_ddp")
 
 
 def run_byteps(net, a, model, bw, link, costs, logdir):
@@ -282,10 +240,8 @@ def main(argv=None) -> int:
     if why:
         print(f"bench_ddp: {why}", file=sys.stderr)
         return 2
-    hooks = a.hooks.split(",")
-    bad = [h for h in hooks if h not in HOOKS]
-    if bad:
-        print(f"bench_ddp: unknown hooks {bad}; known: {', '.join(HOOKS)}", file=sys.stderr)
+    hooks = gloo_ranks.pick("bench_ddp", "hooks", a.hooks, HOOKS)
+    if hooks is None:
         return 2
     costs = None
     if "byteps-thc" in hooks:
@@ -311,11 +267,7 @@ def main(argv=None) -> int:
                     else:
                         rec = run(net, a, model, hook, bw)
                     rec["link_gbit_measured"] = link
-                    print(json.dumps(rec), flush=True)
-                    records.append(rec)
-                    if a.json:
-                        with open(a.json, "w") as f:
-                            json.dump(records, f, indent=1)
+                    gloo_ranks.keep(records, rec, a.json)
     print(table(records))
     if a.plot:
         print(plot(records, a.plot))

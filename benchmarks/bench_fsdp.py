@@ -25,23 +25,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
-import time
 
-from byteps_thc.launch.supervisor import ProcSpec, Supervisor
+from benchmarks import gloo_ranks
 from harness.netem import CleanupOnSignal, EmulatedNetwork, available, cleanup_stale
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 SYSTEMS = ("fp32", "bf16", "thc")
 TAG = "FSDPRESULT "
 PORT = 29450
-
-
-def _eth0(stat):
-    with open(f"/sys/class/net/eth0/statistics/{stat}") as f:
-        return int(f.read())
 
 
 def groups_of(shapes, group_mb):
@@ -106,22 +97,9 @@ def worker(a) -> int:
         net.zero_grad(set_to_none=True)
         net(grads).backward()
 
-    for _ in range(a.warmup):
-        step()
-    dist.barrier()
-    times = []
-    tx0, rx0, cpu0 = _eth0("tx_bytes"), _eth0("rx_bytes"), time.process_time()
-    for _ in range(a.steps):
-        t = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - t)
-    tx1, rx1, cpu1 = _eth0("tx_bytes"), _eth0("rx_bytes"), time.process_time()
-    dist.barrier()
+    rec = gloo_ranks.timed_steps(step, a.warmup, a.steps)
     if rank == 0:
-        rec = {"step_s": statistics.median(times), "step_times_s": times,
-               "bytes_per_step": (tx1 - tx0 + rx1 - rx0) / a.steps,
-               "cpu_s_per_step": (cpu1 - cpu0) / a.steps,
-               "params": sum(p.numel() for p in net.parameters()), "groups": len(groups)}
+        rec.update(params=sum(p.numel() for p in net.parameters()), groups=len(groups))
         if comms:
             rec["thc_residual_bytes"] = sum(c.residual_bytes() for c in comms)
         print(TAG + json.dumps(rec), flush=True)
@@ -130,32 +108,12 @@ def worker(a) -> int:
 
 
 def run(net, a, model, system, bw):
-    load0 = os.getloadavg()[0]
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DMLC_", "BYTEPS_"))}
-    env.update(PYTHONPATH=ROOT, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1",
-               MASTER_ADDR=net.addr["w0"], MASTER_PORT=str(PORT), WORLD_SIZE=str(a.ranks),
-               GLOO_SOCKET_IFNAME="eth0")
     argv = [sys.executable, os.path.abspath(__file__), "--worker", "--model", model, "--system",
             system, "--steps", str(a.steps), "--warmup", str(a.warmup),
             "--group-mb", str(a.group_mb)]
-    specs = [ProcSpec(f"rank {r}", "worker", net.argv(f"w{r}", argv), dict(env, RANK=str(r)))
-             for r in range(a.ranks)]
-    sup = Supervisor(specs, echo=False, keep_lines=True, err=sys.stderr, tag="bench_fsdp",
-                     grace=30.0, timeout=a.run_timeout, shutdown_timeout=5.0, poll_interval=0.2)
-    try:
-        with sup:
-            outcome = sup.wait()
-    finally:
-        net.kill_all()
-    rec = {"model": model, "system": system, "gbit": bw, "ranks": a.ranks,
-           "group_mb": a.group_mb, "status": outcome.kind, "loadavg": [load0, os.getloadavg()[0]]}
-    for _, line in sup.logs["rank 0"].lines:
-        if line.startswith(TAG):
-            rec.update(json.loads(line[len(TAG):]))
-    if "step_s" not in rec:
-        rec["error"] = outcome.message
-        rec["log_tail"] = {n: sup.logs[n].tail(30) for n in sup.logs}
-    return rec
+    return gloo_ranks.run_ranks(net, a.ranks, argv, PORT, TAG, a.run_timeout,
+                                {"model": model, "system": system, "gbit": bw, "ranks": a.ranks,
+                                 "group_mb": a.group_mb}, "bench_fsdp")
 
 
 def table(records):
@@ -199,10 +157,8 @@ def main(argv=None) -> int:
     if why:
         print(f"bench_fsdp: {why}", file=sys.stderr)
         return 2
-    systems = a.systems.split(",")
-    bad = [s for s in systems if s not in SYSTEMS]
-    if bad:
-        print(f"bench_fsdp: unknown systems {bad}; known: {', '.join(SYSTEMS)}", file=sys.stderr)
+    systems = gloo_ranks.pick("bench_fsdp", "systems", a.systems, SYSTEMS)
+    if systems is None:
         return 2
     cleanup_stale()
     records = []
@@ -211,12 +167,7 @@ def main(argv=None) -> int:
             net.set_rate(bw)
             for model in a.models.split(","):
                 for system in systems:
-                    rec = run(net, a, model, system, bw)
-                    print(json.dumps(rec), flush=True)
-                    records.append(rec)
-                    if a.json:
-                        with open(a.json, "w") as f:
-                            json.dump(records, f, indent=1)
+                    gloo_ranks.keep(records, run(net, a, model, system, bw), a.json)
     print(table(records))
     return 0
 
