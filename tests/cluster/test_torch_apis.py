@@ -145,7 +145,7 @@ def test_ddp_under_async_training_is_refused_at_once():
 # ------------------------------------------------------------------------------------------------
 # BYTEPS_TRACE_ON=1: the timeline
 # ------------------------------------------------------------------------------------------------
-def test_traces_land_in_one_folder_per_rank_with_thcs_stages(tmp_path):
+def test_traces_land_in_one_folder_per_rank_with_thcs_stages_and_bytes(tmp_path):
     env = dict(BYTEPS_TRACE_ON="1", BYTEPS_TRACE_DIR=str(tmp_path),
                BYTEPS_TRACE_START_STEP="3", BYTEPS_TRACE_END_STEP="6")
     r = run([SYNTHETIC, "--no-cuda"] + STEPS, compressor="thc", env=env)
@@ -155,10 +155,13 @@ def test_traces_land_in_one_folder_per_rank_with_thcs_stages(tmp_path):
         assert f"rank {rank}: communication traces output done! ({path})" in r.output
         events = json.loads(path.read_text())["traceEvents"]
         stages = {}  # tensor -> the stages its partitions' events name
+        nbytes = {}  # (tensor, stage) -> the byte counts its events carry
         for e in events:
             if e["tid"] != "total":
                 tensor, stage = e["name"].rsplit(".", 1)
                 stages.setdefault(tensor, set()).add(stage)
+                if "bytes" in e["args"]:
+                    nbytes.setdefault((tensor, stage), set()).add(e["args"]["bytes"])
         # the MLP's two large weights are THC's (test_compressor_flag's BIG), the rest plain
         thc = {"THC_NORM", "COMPRESS", "PUSH", "PULL", "DECOMPRESS"}
         for layer in ("0", "2", "4"):
@@ -169,3 +172,21 @@ def test_traces_land_in_one_folder_per_rank_with_thcs_stages(tmp_path):
             else:
                 assert {"PUSH", "PULL"} <= got and not got & {"THC_NORM", "COMPRESS"}, got
         assert all(e["dur"] >= 0 for e in events)
+        # bytes, from the shapes alone (each tensor is one partition, under BytePS's 4096000):
+        # THC pushes 4 bits a coordinate (the layers' sizes are powers of two: no padding) and a
+        # header, and pulls sums packed in 6 bits (2 workers x granularity 30 = 60 < 2^6) and a
+        # header; a plain tensor pushes and pulls 4 bytes a value. Every traced step moves the
+        # same.
+        for name, d in (("0.weight", cf.SIZES[0]), ("2.weight", cf.SIZES[2])):
+            t = f"Comm.byteps.Gradient.{name}"
+            [push] = nbytes[(t, "PUSH")]
+            assert d // 2 <= push <= d // 2 + 64, (name, push)
+            assert nbytes[(t, "COMPRESS")] == {push}
+            [pull] = nbytes[(t, "PULL")]
+            assert d * 6 // 8 <= pull <= d * 6 // 8 + 64, (name, pull)
+            assert nbytes[(t, "DECOMPRESS")] == {pull}
+            [norm] = nbytes[(t, "THC_NORM")]
+            assert 0 < norm <= 256, norm
+        for name, d in (("4.weight", cf.SIZES[4]), ("0.bias", cf.SIZES[1])):
+            t = f"Comm.byteps.Gradient.{name}"
+            assert nbytes[(t, "PUSH")] == nbytes[(t, "PULL")] == {4 * d}, (name, nbytes)

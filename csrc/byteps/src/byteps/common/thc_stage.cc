@@ -24,6 +24,7 @@
 #include "lhc_stage.h"
 #include "logging.h"
 #include "nonfinite.h"
+#include "thc_trace.h"
 
 namespace byteps {
 namespace common {
@@ -164,6 +165,7 @@ void PullMaxNorm(std::shared_ptr<TensorTableEntry> task, compressor::MaxRound* t
         size_t bytes = reply_lens->empty() ? 0 : static_cast<size_t>((*reply_lens)[0]);
         delete reply;
         delete reply_lens;
+        TraceBytes(task, THC_NORM, sizeof(tw::NormPush) + bytes);
         FinishNormRound(task, thc, bytes, local, nonfinite);
       });
 }
