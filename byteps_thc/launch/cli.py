@@ -288,15 +288,16 @@ def liveness_env(ns: argparse.Namespace, environ: Mapping[str, str]) -> Dict[str
     startup = env.STARTUP_TIMEOUT.get(environ)
     if not env.STARTUP_TIMEOUT.is_set(environ):
         out[env.STARTUP_TIMEOUT.name] = str(startup)
+    # Both are always set (0: off), since ps-lite has defaults of its own for a node started
+    # without bpslaunch (liveness.cc), which BYTEPS_THC_DEAD_NODE_TIMEOUT=0 must turn off too.
     timeout = env.HEARTBEAT_TIMEOUT.get(environ)
     if timeout is None:
         timeout = env.DEAD_NODE_TIMEOUT.get(environ)
-        if timeout:
-            out[env.HEARTBEAT_TIMEOUT.name] = str(timeout)
-    if timeout and env.HEARTBEAT_INTERVAL.get(environ) is None:
+        out[env.HEARTBEAT_TIMEOUT.name] = str(timeout or 0)
+    if env.HEARTBEAT_INTERVAL.get(environ) is None:
         # one heartbeat a tenth of the timeout (at least 1 s): a live node counts as dead only
         # after about ten in a row went missing (three at the 3 s minimum)
-        out[env.HEARTBEAT_INTERVAL.name] = str(max(1, timeout // 10))
+        out[env.HEARTBEAT_INTERVAL.name] = str(max(1, timeout // 10) if timeout else 0)
     if getattr(ns, "stall_timeout", None) is not None:
         out[env.STALL_TIMEOUT.name] = f"{ns.stall_timeout:g}"
     env.STALL_WARN.get(environ)  # validated here, read by the server

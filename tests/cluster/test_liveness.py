@@ -16,6 +16,7 @@ miss eight in a row (8 s without one scheduled on this host) to be declared dead
 """
 import io
 import os
+import re
 import signal
 import sys
 import textwrap
@@ -75,13 +76,15 @@ def train_script(tmp_path, body):
 
 class RoleCluster:
     """Scheduler, one server and two workers (but those named in `absent`), each its own
-    `bpslaunch`, started under the Supervisor: each in its own process group, its output read as
+    `bpslaunch` (the workers `python SCRIPT` alone with `direct_workers`, with the DMLC_*
+    variables and none of ps-lite's, as upstream's tests start them), started under the
+    Supervisor: each in its own process group, its output read as
     it comes (no pipe can fill up and block it) and copied to a log file, every group stopped by
     `stop` (or by the Supervisor's watchdog, should the test process be killed). The Supervisor
     only starts and stops them; when each has ended and why is what the tests check."""
 
     def __init__(self, tmp_path, script, worker_flags=(), server_flags=(), extra_env=None,
-                 server_env=None, absent=(), scheduler_env=None):
+                 server_env=None, absent=(), scheduler_env=None, direct_workers=False):
         self.port, self.sport, w0, w1 = free_ports(4)
         paths = [FORK_DIR, ROOT, os.environ.get("PYTHONPATH", "")]
         base = {k: v for k, v in os.environ.items()
@@ -97,8 +100,12 @@ class RoleCluster:
             ("server", dict(server_env or {}, DMLC_NODE_PORT=str(self.sport)),
              launch + list(server_flags)),
         ] + [(f"worker {i}", {"DMLC_WORKER_ID": str(i), "DMLC_NODE_PORT": str(p),
-                              "BYTEPS_SOCKET_PATH": str(tmp_path / f"w{i}")},
-              launch + list(worker_flags) + ["--", sys.executable, script])
+                              "BYTEPS_SOCKET_PATH": str(tmp_path / f"w{i}"),
+                              # `direct_workers`: what bpslaunch would add for one local worker
+                              **({"BYTEPS_LOCAL_RANK": "0", "BYTEPS_LOCAL_SIZE": "1"}
+                                 if direct_workers else {})},
+              [sys.executable, script] if direct_workers
+              else launch + list(worker_flags) + ["--", sys.executable, script])
              for i, p in enumerate(self.wports)]
         specs = []
         for name, extra, argv in self.roles:
@@ -206,6 +213,39 @@ def test_server_killed_fails_every_worker_naming_it(tmp_path, role_cluster, beat
         assert why in text, text[-3000:]
         assert "RuntimeError" in text, text[-3000:]  # the script's push_pull raised it
     assert "server rank 0" in c.text("scheduler")
+    assert c.stop() == [] and shm_of_cluster(c.port) == []
+
+
+def _last_step(text):
+    steps = [int(m) for m in re.findall(r"^step (\d+)$", text, re.M)]
+    return max(steps) if steps else -1
+
+
+def test_workers_started_without_bpslaunch_outlive_the_dead_node_timeout(tmp_path, role_cluster):
+    """Workers run as `python train.py` (no PS_HEARTBEAT_* in their environment) beside a
+    scheduler and server from bpslaunch (dead-node timeout 8 s): they heartbeat by ps-lite's
+    default, so they train on for three times that timeout and nobody is declared gone."""
+    c = role_cluster(train_script(tmp_path, ""), direct_workers=True)
+    c.wait_for(["worker 0", "worker 1"], "step 0", timeout=240)
+    time.sleep(3 * DEAD_NODE_TIMEOUT)
+    assert all(p.poll() is None for p in c.procs.values()), c.all_text()
+    assert "is gone" not in c.text("scheduler"), c.all_text()
+    steps = {w: _last_step(c.text(w)) for w in ("worker 0", "worker 1")}
+    c.wait_for(["worker 0", "worker 1"], f"step {max(steps.values()) + 5}", timeout=60)
+    assert c.stop() == [] and shm_of_cluster(c.port) == []
+
+
+def test_worker_started_without_bpslaunch_fails_when_its_scheduler_is_gone(tmp_path,
+                                                                           role_cluster):
+    """Such a worker watches the scheduler's answers to its heartbeats with ps-lite's default
+    timeout (30 s): the scheduler killed, it fails by itself, naming it, instead of waiting."""
+    c = role_cluster(train_script(tmp_path, ""), direct_workers=True)
+    c.wait_for(["worker 0", "worker 1"], "step 5", timeout=240)
+    killed = c.kill_role("scheduler")
+    codes = c.wait_all(["worker 0", "worker 1"], EXIT_BOUND, since=killed)
+    assert all(code != 0 for code in codes.values()), (codes, c.all_text())
+    for w in ("worker 0", "worker 1"):
+        assert "ps-lite: lost the scheduler" in c.text(w), c.text(w)[-3000:]
     assert c.stop() == [] and shm_of_cluster(c.port) == []
 
 

@@ -15,6 +15,8 @@ _BASE = {"DMLC_NUM_WORKER": "1", "DMLC_NUM_SERVER": "1", "DMLC_PS_ROOT_URI": "12
 
 
 STARTUP = {"BYTEPS_THC_STARTUP_TIMEOUT": "300"}  # what bpslaunch adds where it is unset
+# detection off, said to ps-lite, whose defaults (for nodes started without bpslaunch) are on
+OFF = {"PS_HEARTBEAT_TIMEOUT": "0", "PS_HEARTBEAT_INTERVAL": "0"}
 
 
 def _env(argv, environ):
@@ -34,7 +36,8 @@ def test_interval_is_a_tenth_of_the_timeout_and_at_least_one_second(timeout, int
 
 
 def test_zero_turns_detection_off():
-    assert _env([], {"BYTEPS_THC_DEAD_NODE_TIMEOUT": "0"}) == STARTUP
+    assert _env([], {"BYTEPS_THC_DEAD_NODE_TIMEOUT": "0"}) == {**OFF, **STARTUP}
+    assert _env([], {"PS_HEARTBEAT_TIMEOUT": "0"}) == {"PS_HEARTBEAT_INTERVAL": "0", **STARTUP}
 
 
 def test_the_users_ps_heartbeat_variables_win():
@@ -45,15 +48,15 @@ def test_the_users_ps_heartbeat_variables_win():
 
 def test_stall_timeout_flag():
     out = _env(["--stall-timeout", "15"], {"BYTEPS_THC_DEAD_NODE_TIMEOUT": "0"})
-    assert out == {"BYTEPS_THC_STALL_TIMEOUT": "15", **STARTUP}
+    assert out == {"BYTEPS_THC_STALL_TIMEOUT": "15", **OFF, **STARTUP}
     assert env.STALL_TIMEOUT.default == 0 and env.STALL_WARN.default == 60
 
 
 def test_startup_timeout_default_and_the_users_value():
     assert env.STARTUP_TIMEOUT.default == 300
-    assert _env([], {"BYTEPS_THC_DEAD_NODE_TIMEOUT": "0"}) == STARTUP
+    assert _env([], {"BYTEPS_THC_DEAD_NODE_TIMEOUT": "0"}) == {**OFF, **STARTUP}
     # the user's value is in the environment already; ps-lite reads it there
-    assert _env([], {"BYTEPS_THC_DEAD_NODE_TIMEOUT": "0", "BYTEPS_THC_STARTUP_TIMEOUT": "7"}) == {}
+    assert _env([], {"BYTEPS_THC_DEAD_NODE_TIMEOUT": "0", "BYTEPS_THC_STARTUP_TIMEOUT": "7"}) == OFF
 
 
 @pytest.mark.parametrize("name, value", [("BYTEPS_THC_DEAD_NODE_TIMEOUT", "2"),

@@ -68,6 +68,22 @@ int EnvSeconds(const char* name, const char* off = "dead-node detection off") {
   return static_cast<int>(n);
 }
 
+// A worker or server whose PS_HEARTBEAT_INTERVAL / PS_HEARTBEAT_TIMEOUT are unset (started
+// without bpslaunch, e.g. `python train.py` with the DMLC_* variables) heartbeats every
+// kDefaultInterval s and fails by itself after kDefaultTimeout s without the scheduler's
+// answer: a scheduler that watches (bpslaunch's) must not declare it dead, and its own
+// scheduler's death must not leave it waiting. kDefaultTimeout is BYTEPS_THC_DEAD_NODE_TIMEOUT's
+// default (byteps_thc/env.py); an explicit 0 still turns either off (bpslaunch sets both).
+constexpr int kDefaultInterval = 2;
+constexpr int kDefaultTimeout = 30;
+
+// EnvSeconds, or `dflt` for a worker or server where `name` is unset (the scheduler: 0).
+int NodeSeconds(const char* name, int dflt) {
+  const char* v = Environment::Get()->find(name);
+  if ((!v || !*v) && !Postoffice::Get()->is_scheduler()) return dflt;
+  return EnvSeconds(name);
+}
+
 // ps-lite's ids: the scheduler 1, server rank r 8 + 2r, worker rank r 9 + 2r.
 bool IsWorkerId(int id) { return id >= 8 && id % 2 == 1; }
 
@@ -189,8 +205,8 @@ void Check(Van* van, bool scheduler, int timeout, Clock::time_point start) {
     } else {
       os << "in the " << f.seconds
          << " s since the cluster formed (PS_HEARTBEAT_TIMEOUT=" << timeout
-         << "; a node sends them only with PS_HEARTBEAT_INTERVAL > 0, which bpslaunch "
-         << "sets)";
+         << "; a node sends one every PS_HEARTBEAT_INTERVAL s, " << kDefaultInterval
+         << " where unset; PS_HEARTBEAT_INTERVAL=0 turns them off)";
     }
     Announce(van, f.node, os.str());
   }
@@ -339,7 +355,7 @@ void ReportOversizedPull(uint64_t first_key, size_t buffer_bytes, size_t reply_b
   Fail(server, os.str());
 }
 
-int DeadNodeTimeout() { return EnvSeconds("PS_HEARTBEAT_TIMEOUT"); }
+int DeadNodeTimeout() { return NodeSeconds("PS_HEARTBEAT_TIMEOUT", kDefaultTimeout); }
 
 bool LookupNode(int id, Node* node) {
   std::lock_guard<std::mutex> lk(G().mu);
@@ -395,8 +411,8 @@ void RecordNodes(const std::vector<Node>& nodes) {
 
 void Start(Van* van) {
   State& g = G();
-  const int interval = EnvSeconds("PS_HEARTBEAT_INTERVAL");
-  const int timeout = EnvSeconds("PS_HEARTBEAT_TIMEOUT");
+  const int interval = NodeSeconds("PS_HEARTBEAT_INTERVAL", kDefaultInterval);
+  const int timeout = DeadNodeTimeout();
   std::lock_guard<std::mutex> lk(g.mu);
   if (g.thread) return;
   g.stop = false;
