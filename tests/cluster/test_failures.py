@@ -16,7 +16,9 @@ tf_failures.py are the workers):
 - BYTEPS_THC_NONFINITE=error: the NaN raises on both workers, the worker that had it names itself;
 - fail_cluster() with push_pulls pending (in the pipeline, and a new tensor's first push): they
   raise with the reason, and so does every later one; the workers then exit without waiting for
-  each other.
+  each other;
+- the server's replies that come after such a failure write nothing into the tensors the script
+  got back with the error (a THC-compressed weight and uncompressed biases alike).
 """
 import json
 import os
@@ -154,3 +156,13 @@ def test_fail_cluster_fails_pending_and_later_push_pulls(tmp_path):
         later = (tmp_path / f"later_{r}.txt").read_text()
         assert f"node {peer} declared dead" in later and "the cluster has failed" in later, later
         assert (tmp_path / f"reason_{r}.txt").read_text() == f"test: node {peer} declared dead"
+
+
+def test_replies_after_fail_cluster_write_nothing(tmp_path):
+    code, log = torch_run(tmp_path, "late-reply")
+    assert code == 0, log[-4000:]
+    text = (tmp_path / "pending_0.txt").read_text()
+    assert text.startswith("RuntimeError: ") and "test: late replies" in text, text
+    late = json.loads((tmp_path / "late_0.txt").read_text())
+    assert set(late) == {"0.weight", "0.bias", "2.weight", "2.bias"}, late
+    assert all(values == [7.0] for values in late.values()), late

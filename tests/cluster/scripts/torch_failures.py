@@ -18,6 +18,10 @@ MODE:
   fail-cluster    rank 0 has push_pulls pending (rank 1 holds back: one in the pipeline, one of a
                   new tensor in its first push) when fail_cluster() is called: synchronize()
                   and every later push_pull must raise.
+  late-reply      rank 0 fails the cluster while its gradients' push_pulls wait for rank 1,
+                  then fills the gradients with 7; rank 1 pushes 4 s later, so the server's
+                  replies reach rank 0 after its push_pulls completed with the error. What the
+                  gradients hold then goes to OUT_DIR/late_0.txt (JSON: name -> set of values).
 """
 import argparse
 import hashlib
@@ -33,7 +37,7 @@ from byteps_thc import torch as bt
 
 parser = argparse.ArgumentParser()
 parser.add_argument("mode", choices=["mismatch", "amp", "nonfinite-error", "bad-kwargs",
-                                     "fail-cluster"])
+                                     "fail-cluster", "late-reply"])
 parser.add_argument("out")
 parser.add_argument("--steps", type=int, default=6)
 parser.add_argument("--inject-step", type=int, default=-1)
@@ -157,6 +161,27 @@ elif args.mode == "fail-cluster":
         f.write(bt.cluster_failure() or "")
     if not ok:
         raise SystemExit("a push_pull did not raise after fail_cluster")
+
+elif args.mode == "late-reply":
+    model = model_and_data()
+    opt = distributed(model, bps.Compression.thc())
+    plain_step(model, opt, 0)  # every tensor initialised and registered
+    if rank == 0:
+        threading.Timer(1.0, bt.fail_cluster, args=("test: late replies",)).start()
+        ok = caught("pending", lambda: plain_step(model, opt, 1))
+        for p in model.parameters():
+            p.grad.fill_(7.0)  # the push_pulls' outputs, the script's own again
+        time.sleep(8.0)  # rank 1 pushes at 4 s: the replies come meanwhile
+        with open(out("late"), "w") as f:
+            json.dump({n: sorted(set(p.grad.flatten().tolist()))
+                       for n, p in model.named_parameters()}, f)
+    else:
+        time.sleep(4.0)
+        plain_step(model, opt, 1)  # completes the round: the server replies to both
+        bt.fail_cluster("test: rank 0 has failed")  # rank 0 skips the finalize barrier
+        ok = True
+    if not ok:
+        raise SystemExit("the pending push_pull did not raise after fail_cluster")
 
 elif args.mode == "amp":
     model = model_and_data()

@@ -40,6 +40,8 @@ struct Operation {
   StatusCallback callback;  // the framework's
   std::atomic<bool> done{false};
   std::mutex mu;
+  std::condition_variable writes_done;
+  int writers = 0;    // WriteOutput calls under way (mu)
   std::string error;  // the first failure of one of its partitions
 };
 
@@ -76,7 +78,9 @@ void Complete(const std::shared_ptr<Operation>& op, const void* id, const Status
   }
   std::string error;
   {
-    std::lock_guard<std::mutex> lock(op->mu);
+    std::unique_lock<std::mutex> lock(op->mu);
+    // a write that began before `done` was set ends before the script gets its tensor back
+    op->writes_done.wait(lock, [&op] { return op->writers == 0; });
     error = op->error;
   }
   op->callback(error.empty() ? status : Status::Aborted(error));
@@ -185,6 +189,30 @@ void FinishPartitionNow(std::shared_ptr<TensorTableEntry> task) {
   // list, counts the partition as done; the last one runs the callback.
   if (task->queue_list.size() > 1) task->queue_list.resize(1);
   FinishOrProceed(std::move(task));
+}
+
+bool WriteOutput(const std::shared_ptr<TensorTableEntry>& task,
+                 const std::function<void()>& write) {
+  auto op = Find(IdOf(*task));
+  bool open = false;
+  if (op) {
+    std::lock_guard<std::mutex> lock(op->mu);
+    open = !op->done.load();
+    if (open) ++op->writers;
+  }
+  if (!open) {
+    BPS_LOG(DEBUG) << "byteps-thc: a late reply for '" << task->tensor_name << "' (key "
+                   << task->key << ") after its push_pull completed: not written";
+    FinishPartitionNow(task);
+    return false;
+  }
+  write();
+  {
+    std::lock_guard<std::mutex> lock(op->mu);
+    --op->writers;
+  }
+  op->writes_done.notify_all();
+  return true;
 }
 
 void FailPartition(std::shared_ptr<TensorTableEntry> task, const std::string& why) {

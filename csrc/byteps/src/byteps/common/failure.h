@@ -52,6 +52,14 @@ void FailPartition(std::shared_ptr<TensorTableEntry> task, const std::string& wh
 // Finishes the partition now, without its remaining stages (no failure recorded).
 void FinishPartitionNow(std::shared_ptr<TensorTableEntry> task);
 
+// A stage that writes into the operation's output (the decode into a CPU tensor, the copy to
+// the output): runs `write` and returns true, unless the operation has completed already (the
+// cluster failed while this partition waited for a reply that came later). Then nothing is
+// written, the partition is finished now and false returned: the script, which got the error,
+// owns that tensor again. An operation completing meanwhile waits for a `write` under way, so
+// that no write lands after its callback.
+bool WriteOutput(const std::shared_ptr<TensorTableEntry>& task, const std::function<void()>& write);
+
 // InitTensor's blocking pushes: `push(done)` issues one with `done` as its callback; waits until
 // done runs (true) or the cluster fails (false: the push may never be answered, InitTensor gives
 // up and EnqueueTensor fails the push_pull with the reason).
