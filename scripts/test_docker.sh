@@ -6,6 +6,8 @@
 #      configured by DMLC_*/BYTEPS_* alone, trains example/pytorch/train_digits.py with THC; every
 #      container must exit 0, both workers must print the same parameter digest, and the test
 #      accuracy must be at least MIN_ACC;
+#   3b. the same cluster from docker/compose.yml (`docker-compose up`: Debian's docker-compose,
+#      installed when missing), checked the same way;
 #   4. `docker run --rm IMAGE bpslaunch --local 2 --compressor thc -- python
 #      example/pytorch/train_digits.py` (a whole cluster in one container), checked the same way;
 #   5. with TF=1 (the image byteps-thc:cpu-tf), the same with example/tensorflow/train_digits.py.
@@ -39,6 +41,7 @@ cleanup() {
     ids="$("$DOCKER" ps -aq --filter "label=byteps-thc-test=$RUN_ID" 2> /dev/null || true)"
     [ -z "$ids" ] || "$DOCKER" rm -f $ids > /dev/null 2>&1 || true
     "$DOCKER" network rm "$RUN_ID" > /dev/null 2>&1 || true
+    [ -z "${COMPOSE_UP:-}" ] || IMAGE="$IMAGE" "${compose[@]}" down > /dev/null 2>&1 || true
   fi
   docker_engine_down
   if [ "$rc" = 0 ]; then rm -rf "$LOGS"; else log "logs of this run: $LOGS"; fi
@@ -138,6 +141,28 @@ for n in "${names[@]}"; do "$DOCKER" logs "$RUN_ID-$n" > "$LOGS/$n.log" 2>&1; do
 cat "$LOGS/worker0.log" "$LOGS/worker1.log" > "$LOGS/workers.log"
 check_training "4 containers" 2 "$LOGS/workers.log"
 log "4 containers: all exited 0, $(elapsed "$t")"
+
+# ---- 3b. docker/compose.yml ------------------------------------------------------------------
+t=$(date +%s)
+command -v docker-compose > /dev/null || docker_apt_install docker-compose
+compose=(docker-compose --no-ansi -p "$RUN_ID" -f docker/compose.yml)
+COMPOSE_UP=1
+set +e
+IMAGE="$IMAGE" timeout "$CLUSTER_TIMEOUT_S" "${compose[@]}" up --no-color > "$LOGS/compose.log" 2>&1
+rc=$?
+set -e
+[ $rc -eq 0 ] || { tail -n 30 "$LOGS/compose.log" >&2; fail "docker-compose up exited with $rc \
+(log: $LOGS/compose.log)"; }
+# every service's container exited 0 (up returns 0 whatever they exited with)
+codes="$(IMAGE="$IMAGE" "${compose[@]}" ps -q | xargs "$DOCKER" inspect -f '{{.Name}} {{.State.ExitCode}}')"
+bad="$(awk '$2 != 0' <<< "$codes")"
+[ "$(wc -l <<< "$codes")" = 4 ] && [ -z "$bad" ] ||
+  fail "docker compose: the containers exited with: $(tr '\n' ' ' <<< "$codes")(log: $LOGS/compose.log)"
+IMAGE="$IMAGE" "${compose[@]}" logs --no-color worker0 worker1 > "$LOGS/compose-workers.log" 2>&1
+check_training "docker compose" 2 "$LOGS/compose-workers.log"
+IMAGE="$IMAGE" "${compose[@]}" down > /dev/null 2>&1
+COMPOSE_UP=
+log "docker compose: all four exited 0, $(elapsed "$t")"
 
 # ---- 4. (5.) bpslaunch --local 2 in one container ---------------------------------------------
 local2() {  # FRAMEWORK: example/FRAMEWORK/train_digits.py in one container, checked
