@@ -9,8 +9,10 @@
 //   the scheduler's PS_HEARTBEAT_TIMEOUT is set (the message says so); it tells every survivor
 //   with a DEAD_NODE control message that names the dead node, then fails itself;
 // - a worker or server watches the scheduler's answers and fails itself when they stop.
-// Failing runs the handler (SetDeadNodeHandler) once per process. Either variable at 0 (the
-// default) turns detection off, as upstream.
+// Failing runs the handler (SetDeadNodeHandler) once per process. Either variable at 0 turns
+// detection off, as upstream. Unset, the scheduler's are 0 (it watches only when told to:
+// bpslaunch sets both on every node), a worker's or server's 2 and 30 s, so that a node started
+// without bpslaunch heartbeats to a scheduler that watches and fails when its scheduler is gone.
 //
 // Before all that, the cluster must form: every node registers with the scheduler, which sends
 // out the node list once DMLC_NUM_WORKER workers and DMLC_NUM_SERVER servers have. A node that
@@ -55,7 +57,7 @@ std::string ClusterFailure();
 // node does (the handler, naming that server), instead of the CHECK that aborted it.
 void ReportOversizedPull(uint64_t first_key, size_t buffer_bytes, size_t reply_bytes);
 
-// PS_HEARTBEAT_TIMEOUT in seconds (0: detection off).
+// PS_HEARTBEAT_TIMEOUT in seconds, its default where unset (0: detection off).
 int DeadNodeTimeout();
 
 // The node with ps-lite id `id` as the scheduler announced it; false while unknown.
