@@ -104,9 +104,8 @@ class LhcKey : public CodecKey {
       return os.str();
     }
     if (h.fingerprint != fingerprint_) {
-      os << "LHC configuration mismatch (fingerprint 0x" << std::hex << h.fingerprint
-         << ", the key was registered with 0x" << fingerprint_ << std::dec << ": " << description_
-         << "); every worker must use the same capacity, seed and partitioning";
+      os << Mismatch(h.fingerprint)
+         << "; every worker must use the same capacity, seed and partitioning";
       return os.str();
     }
     if (len == lhc::kHeaderBytes && h.count == 0) {
@@ -176,9 +175,7 @@ class LhcKey : public CodecKey {
       return os.str();
     }
     if (h.fingerprint != fingerprint_) {
-      os << "LHC configuration mismatch (fingerprint 0x" << std::hex << h.fingerprint
-         << ", the key was registered with 0x" << fingerprint_ << std::dec << ": " << description_
-         << ")";
+      os << Mismatch(h.fingerprint);
       return os.str();
     }
     if (h.count == 0 || h.count > geo_.d || len != sizeof(h) + 4 * static_cast<size_t>(h.count)) {
@@ -217,6 +214,15 @@ class LhcKey : public CodecKey {
   }
 
  private:
+  // A push whose fingerprint is not the key's: both, and what the key was registered with.
+  std::string Mismatch(uint64_t fp) const {
+    std::ostringstream os;
+    os << "LHC configuration mismatch (fingerprint 0x" << std::hex << fp
+       << ", the key was registered with 0x" << fingerprint_ << std::dec << ": " << description_
+       << ")";
+    return os.str();
+  }
+
   lw::LhcSettings settings_;
   lhc::Geometry geo_;
   uint64_t fingerprint_ = 0;

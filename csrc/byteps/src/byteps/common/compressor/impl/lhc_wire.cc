@@ -13,6 +13,21 @@ namespace {
 // lhc_config.MAX_CAPACITY: keeps m (about 1.33 capacity) below 2^32.
 constexpr uint64_t kMaxCapacity = uint64_t{1} << 31;
 
+// The kwarg `name`, where present, must be `no` or `yes`: *out says which (unchanged when absent).
+// Returns "" or the message, which names the two in the order `first_yes` says.
+std::string ParseEither(const thcwire::Kwargs& kwargs, const char* name, const std::string& no,
+                        const std::string& yes, bool first_yes, bool* out) {
+  const char* v = thcwire::FindKwarg(kwargs, name);
+  if (!v) return "";
+  const std::string m(v);
+  if (m != no && m != yes) {
+    return std::string(name) + "=" + m + " must be " + (first_yes ? yes : no) + " or " +
+           (first_yes ? no : yes);
+  }
+  *out = m == yes;
+  return "";
+}
+
 }  // namespace
 
 bool IsLhcKwargs(const thcwire::Kwargs& kwargs) {
@@ -36,27 +51,18 @@ std::string ParseLhcKwargs(const thcwire::Kwargs& kwargs, LhcSettings* out) {
       return std::string("lhc_topk=") + v + " must be 0 (no sparsifier) or a fraction in (0, 1]";
     s.topk = f;
   }
-  if ((v = thcwire::FindKwarg(kwargs, "lhc_topk_method"))) {
-    std::string m(v);
-    if (m != "exact" && m != "sampled") return "lhc_topk_method=" + m + " must be exact or sampled";
-    s.sampled = m == "sampled";
-  }
+  std::string err = ParseEither(kwargs, "lhc_topk_method", "exact", "sampled", false, &s.sampled);
+  if (!err.empty()) return err;
   if ((v = thcwire::FindKwarg(kwargs, "lhc_seed"))) {
     if (!thcwire::ParseU64(v, &u))
       return std::string("lhc_seed=") + v + " is not an unsigned 64-bit integer";
     s.seed = u;
   }
-  if ((v = thcwire::FindKwarg(kwargs, "lhc_error_feedback"))) {
-    std::string b(v);
-    if (b != "1" && b != "0") return "lhc_error_feedback=" + b + " must be 1 or 0";
-    s.error_feedback = b == "1";
+  err = ParseEither(kwargs, "lhc_error_feedback", "0", "1", true, &s.error_feedback);
+  if (err.empty()) {
+    err = ParseEither(kwargs, "lhc_nonfinite", "propagate", "error", false, &s.nonfinite_error);
   }
-  if ((v = thcwire::FindKwarg(kwargs, "lhc_nonfinite"))) {
-    std::string m(v);
-    if (m != "propagate" && m != "error")
-      return "lhc_nonfinite=" + m + " must be propagate or error";
-    s.nonfinite_error = m == "error";
-  }
+  if (!err.empty()) return err;
   *out = s;
   return "";
 }
