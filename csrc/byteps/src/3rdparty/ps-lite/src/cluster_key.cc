@@ -25,6 +25,8 @@
 
 #include "ps/internal/env.h"
 #include "ps/internal/liveness.h"
+#include "ps/internal/postoffice.h"
+#include "ps/internal/van.h"
 
 namespace ps {
 namespace cluster_key {
@@ -40,11 +42,9 @@ struct Watched {
   void* pair = nullptr;
   bool receiver = false;
   Node peer;  // a sender's peer
-  // a sender: when it last connected; `proven` once a connection outlived the handshake (its
-  // later quick closes are the peer's teardown, not refusals)
+  // a sender: when it last connected
   Clock::time_point connected;
   bool is_connected = false;
-  bool proven = false;
   // a receiver: fd -> (when accepted, the peer's address)
   std::map<int, std::pair<Clock::time_point, std::string>> accepted;
 };
@@ -61,7 +61,11 @@ struct State {
   int next_monitor = 0;
   std::atomic<bool> stop{false};
   std::unique_ptr<std::thread> thread;
-  std::map<std::string, Clock::time_point> logged;  // the watcher's: address -> last log
+  // the watcher's: the cluster formed once (its van was ready); per host, the ZAP handler's
+  // admissions of connections still open, and the refusal log's rate limit
+  bool formed = false;
+  std::map<std::string, int> admitted;
+  std::map<std::string, Clock::time_point> logged;  // host -> last log
   std::map<std::string, int> suppressed;
 };
 
@@ -146,10 +150,12 @@ std::string KeyInForce() {
                      : "this node has no cluster key (BYTEPS_THC_CLUSTER_KEY is unset)";
 }
 
+std::string HostOf(const std::string& address) { return address.substr(0, address.rfind(':')); }
+
 // The receiver refused `address`: logged once per host a minute, with how many were not.
 void LogRefused(const std::string& address) {
   State& g = G();
-  const std::string host = address.substr(0, address.rfind(':'));
+  const std::string host = HostOf(address);
   const auto now = Clock::now();
   auto it = g.logged.find(host);
   if (it != g.logged.end() && now - it->second < kRefusalLogEvery) {
@@ -177,7 +183,18 @@ void OnEvent(Watched* w, uint16_t event, int32_t value, const std::string& endpo
     } else if (event == ZMQ_EVENT_DISCONNECTED || event == ZMQ_EVENT_CLOSED) {
       auto it = w->accepted.find(value);
       if (it == w->accepted.end()) return;
-      if (quick(it->second.first)) LogRefused(it->second.second);
+      // A connection that the ZAP handler admitted was no refusal, however short (a node that
+      // connects again closes its first socket). Admissions carry the host only: while every
+      // open connection of that host was admitted, this one was.
+      const std::string host = HostOf(it->second.second);
+      int open = 0;
+      for (const auto& a : w->accepted) open += HostOf(a.second.second) == host;
+      int& admitted = G().admitted[host];
+      if (admitted >= open) {
+        --admitted;
+      } else if (quick(it->second.first)) {
+        LogRefused(it->second.second);
+      }
       w->accepted.erase(it);
     }
     return;
@@ -187,9 +204,9 @@ void OnEvent(Watched* w, uint16_t event, int32_t value, const std::string& endpo
     w->is_connected = true;
   } else if (event == ZMQ_EVENT_DISCONNECTED && w->is_connected) {
     w->is_connected = false;
-    if (!quick(w->connected)) {
-      w->proven = true;
-    } else if (!w->proven && !ClusterFailed()) {
+    // Refusals come at registration: every node that registered holds the scheduler's key, so
+    // the same key as every other node. Later quick closes are peers' teardown.
+    if (quick(w->connected) && !G().formed && !ClusterFailed()) {
       std::ostringstream os;
       os << "ps-lite: " << DescribeNode(w->peer) << " at " << endpoint
          << " closed this node's connection during the ZeroMQ handshake (within "
@@ -249,6 +266,7 @@ void AnswerZap(void* zap) {
   const bool admit = frames.size() >= 7 && frames[5] == "CURVE" &&
                      frames[6].size() == static_cast<size_t>(kKeyBytes) &&
                      sodium_memcmp(frames[6].data(), G().pub, kKeyBytes) == 0;
+  if (admit) ++G().admitted[frames[3]];  // the address frame: the peer's IP
   const std::string id = frames.size() > 1 ? frames[1] : std::string();
   const std::string reply[6] = {
       "1.0", id, admit ? "200" : "400", admit ? "OK" : "not the cluster key", "", ""};
@@ -262,6 +280,8 @@ void Watch() {
   std::vector<std::unique_ptr<Watched>> watched;
   std::vector<zmq_pollitem_t> items;
   while (!g.stop.load()) {
+    Van* van = Postoffice::Get()->van();
+    if (van && van->IsReady()) g.formed = true;
     {
       std::lock_guard<std::mutex> lk(g.mu);
       for (auto& w : g.pending) watched.push_back(std::move(w));
@@ -318,6 +338,7 @@ void Start(void* context) {
   State& g = G();
   if (g.context) return;
   g.context = context;
+  g.formed = false;
   const char* path = Environment::Get()->find("BYTEPS_THC_CLUSTER_KEY");
   if (path && *path) {
     g.path = path;

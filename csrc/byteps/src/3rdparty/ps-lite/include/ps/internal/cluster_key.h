@@ -14,14 +14,15 @@
 //
 // ZeroMQ 4.1 reports a failed handshake only as a connection that closes. The van therefore
 // watches its sockets' events (zmq_socket_monitor):
-// - a sender whose peer closed it within kHandshakeSeconds of connecting, before any of its
-//   connections outlived that, was refused (ZeroMQ does not even retry after a mechanism
-//   mismatch): this node fails (liveness's Fail: the handler, or exit status 1) with a message
-//   that names the cluster key, instead of waiting for the startup timeout. A peer that died
-//   does not look so: its port refuses the TCP connection, which never connects; nor does a
-//   peer's teardown, on a connection that worked before;
-// - on a keyed node, an accepted connection that closes within kHandshakeSeconds did not
-//   complete the handshake: the receiver logs the peer's address, once per address a minute.
+// - a sender whose peer closed it within kHandshakeSeconds of connecting while this node
+//   registers was refused (ZeroMQ does not even retry after a mechanism mismatch): this node
+//   fails (liveness's Fail: the handler, or exit status 1) with a message that names the
+//   cluster key, instead of waiting for the startup timeout. A peer that died does not look so:
+//   its port refuses the TCP connection, which never connects. Once the cluster formed, every
+//   node holds the scheduler's key (or none, with it), and a quick close is a peer's teardown;
+// - on a keyed node, an accepted connection that closes within kHandshakeSeconds, and that the
+//   ZAP handler did not admit, did not complete the handshake: the receiver logs the peer's
+//   address, once per host a minute.
 //
 // The key file holds one line of 64 hex digits (the 32-byte secret key) and '#' comments; it
 // must be a regular file that only its owner can read or write (mode 0600 or stricter), as ssh
