@@ -29,9 +29,10 @@ ARG OFFLINE=0
 ARG PIP_INDEX_URL=
 ENV DEBIAN_FRONTEND=noninteractive PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
 # tini is PID 1: it forwards SIGTERM (docker stop) to bpslaunch, which stops its role's
-# processes, and it reaps them. libgomp1: BytePS is built with -fopenmp.
+# processes, and it reaps them. libgomp1: BytePS is built with -fopenmp; libsodium23: its
+# ZeroMQ's CURVE security (the cluster key).
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends libgomp1 python3 python3-venv tini \
+    && apt-get install -y --no-install-recommends libgomp1 libsodium23 python3 python3-venv tini \
     && if [ "$BYTEPS_THC_CPU_ONLY" = 0 ]; then \
         apt-get install -y --no-install-recommends libnuma1; fi \
     && rm -rf /var/lib/apt/lists/*
@@ -59,7 +60,8 @@ ARG PIP_INDEX_URL=
 ARG THC_CUDA_ARCHS=
 ENV DEBIAN_FRONTEND=noninteractive PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends ca-certificates g++ make patch python3-dev \
+    && apt-get install -y --no-install-recommends ca-certificates g++ libsodium-dev make patch \
+        pkg-config python3-dev \
     && if [ "$BYTEPS_THC_CPU_ONLY" = 0 ]; then \
         apt-get install -y --no-install-recommends libnuma-dev \
         && { ls /usr/include/nccl.h > /dev/null 2>&1 \

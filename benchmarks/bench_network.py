@@ -27,6 +27,7 @@ Workloads
 Compressors (same run): none, fp16, thc (defaults), thc-n (ThcConfig.for_workers(n)), lhc-cN
 (LHC, capacity N), lhc-topk-F (LHC after its own top-k F with error feedback), onebit+ef,
 topk-K+ef, randomk-K+ef, dithering-S (BytePS's registry; +ef adds its vanilla error feedback).
+Any of them +key: the same with a cluster key (docs/SECURITY.md), every connection encrypted.
 
 Measured per run: step time (median, p90) over the measured steps, samples/s, bytes on the wire
 per step (the workers' eth0 counters, /sys/class/net/eth0/statistics, read inside the namespaces
@@ -42,6 +43,7 @@ carry `link_gbit_measured`, one TCP stream's rate through the emulated link).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -56,7 +58,8 @@ from typing import Dict, List, Optional, Sequence
 from byteps_thc.advisor import host, models, predict, replay, wire
 from byteps_thc.advisor.costs import load_costs
 from byteps_thc.advisor.wire import launcher_flags
-from byteps_thc.launch import fork_missing, server_argv
+from byteps_thc.env import CLUSTER_KEY
+from byteps_thc.launch import fork_missing, new_key, server_argv
 from byteps_thc.launch.supervisor import ProcSpec, Supervisor, cpu_seconds, describe_exit
 from harness.netem import CleanupOnSignal, EmulatedNetwork, available, cleanup_stale, measure_tcp
 
@@ -70,6 +73,16 @@ TINY_SHAPES = [(1024, 1024), (1024,), (256, 1024), (256,), (10, 256), (10,)]
 DEFAULT_COMPRESSORS = ("none,fp16,thc,thc-n,onebit+ef,topk-0.01+ef,randomk-0.01+ef,dithering-8")
 # the environment a run decides itself (whatever the caller's says is dropped)
 _OWNED_PREFIXES = ("DMLC_", "BYTEPS_")
+KEYED = "+key"  # a compressor label's suffix: the run has a cluster key
+
+
+def parse_spec(text: str, workers: int) -> wire.CompressorSpec:
+    """wire.parse_spec, and `X+key`: X with a cluster key (its label keeps the suffix)."""
+    t = text.strip()
+    if not t.lower().endswith(KEYED):
+        return wire.parse_spec(t, workers)
+    spec = wire.parse_spec(t[:-len(KEYED)], workers)
+    return dataclasses.replace(spec, label=spec.label + KEYED)
 
 
 def log(msg: str) -> None:
@@ -138,6 +151,8 @@ def run_cluster(net: EmulatedNetwork, workers: int, spec: wire.CompressorSpec,
     role_cmd = server_argv()
     env = base_env(net, workers)
     rundir = tempfile.mkdtemp(prefix=f"{net.prefix}-{tag}-", dir=logdir)
+    if spec.label.endswith(KEYED):  # one key for every process of the run
+        env[CLUSTER_KEY.name] = new_key(os.path.join(rundir, "cluster.key"))
     # BytePS's vanilla error feedback (ef_type=vanilla) maps the learning rate from ./lr.s, a
     # file only its MXNet plugin writes; every process of a run starts in `rundir`, which holds
     # one. Both workloads keep the learning rate constant, so 1.0 (the ratio it uses is 1) is exact.
@@ -496,7 +511,7 @@ def repredict(records: List[dict], costs) -> None:
     for r in records:
         if r.get("kind") != "replay":
             continue
-        spec = wire.parse_spec(r["compressor"], r["workers"])
+        spec = parse_spec(r["compressor"], r["workers"])
         sc = _scenario(r["workload"], r["bandwidth_gbit"],
                        r.get("link_gbit_measured") or r["bandwidth_gbit"], r["compute_ms"],
                        r["workers"])
@@ -603,8 +618,8 @@ def main(argv=None) -> int:
         if w not in REPLAY_MODELS + ("digits", "tiny"):
             print(f"bench_network: unknown workload {w!r}", file=sys.stderr)
             return 2
-    specs = [wire.parse_spec(s, a.workers) for s in a.compressors.split(",") if s.strip()]
-    train_specs = [wire.parse_spec(s, a.workers) for s in a.train_compressors.split(",")
+    specs = [parse_spec(s, a.workers) for s in a.compressors.split(",") if s.strip()]
+    train_specs = [parse_spec(s, a.workers) for s in a.train_compressors.split(",")
                    if s.strip()]
     stale = cleanup_stale()
     if stale:

@@ -273,6 +273,12 @@ STALL_TIMEOUT = Setting("BYTEPS_THC_STALL_TIMEOUT", 0.0, parse_seconds,
                         "seconds after which the server fails a waiting THC round, and then "
                         "exits, ending the cluster (0 = never; bpslaunch --stall-timeout)")
 
+# Security: the cluster key (ZeroMQ CURVE on every ps-lite connection; launch/cluster_key.py)
+CLUSTER_KEY = Setting("BYTEPS_THC_CLUSTER_KEY", None, str,
+                      "path of the cluster key file (bpslaunch --new-cluster-key FILE, mode "
+                      "0600): every connection of the node is authenticated and encrypted with "
+                      "it; unset: plaintext, any peer that reaches a port may join")
+
 # Variables a local cluster decides itself (whatever the caller's environment says is dropped)
 CLUSTER_OWNED = tuple(s.name for s in (
     ROLE, WORKER_ID, NUM_WORKER, NUM_SERVER, PS_ROOT_URI, PS_ROOT_PORT, NODE_HOST, INTERFACE,

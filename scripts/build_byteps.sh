@@ -208,6 +208,20 @@ if up_to_date; then
 fi
 
 # ---- prepare the tree ------------------------------------------------------------------------
+# ps-lite's ZeroMQ is built with libsodium, for the cluster key's CURVE security (patch 0022),
+# and every BytePS library links it: Debian's libsodium-dev (headers, libsodium.so, its
+# pkg-config file), installed here when missing and we may (root with apt-get).
+if ! pkg-config --exists libsodium 2> /dev/null; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get > /dev/null; then
+    log "installing libsodium-dev and pkg-config (apt-get)"
+    mkdir -p "$CACHE"
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+        --no-install-recommends libsodium-dev pkg-config; } > "$CACHE/apt.log" 2>&1 ||
+      { tail -n 20 "$CACHE/apt.log" >&2; die "apt-get install libsodium-dev pkg-config failed"; }
+  fi
+  pkg-config --exists libsodium 2> /dev/null ||
+    die "libsodium is missing: install Debian's libsodium-dev and pkg-config (as root: apt-get install libsodium-dev pkg-config)"
+fi
 start=$(date +%s)
 # One build of a tree at a time (two builds in one checkout deleted each other's files); the
 # second waits, then finds the first one's install if it was the same.
@@ -251,9 +265,9 @@ for core in "$CORE" "$LHC_CORE" "$CODEC_COMMON"; do  # csrc/{thc,lhc,common} -> 
 done
 cp "$BUILD_FACTS" build_facts.py && echo build_facts.py >> thc_added_files.txt
 log "added $(wc -l < thc_added_files.txt) files of ours"
-# ZeroMQ does not change with our patches: reuse the one built before (saves ~30 s).
-if [ -d "$CACHE/zmq-deps/include" ]; then
-  mkdir -p 3rdparty/ps-lite/deps && cp -a "$CACHE/zmq-deps/." 3rdparty/ps-lite/deps/
+# ZeroMQ (with libsodium) does not change with our patches: reuse the one built before (~30 s).
+if [ -d "$CACHE/zmq-deps-sodium/include" ]; then
+  mkdir -p 3rdparty/ps-lite/deps && cp -a "$CACHE/zmq-deps-sodium/." 3rdparty/ps-lite/deps/
 fi
 
 # ---- build and install -----------------------------------------------------------------------
@@ -286,9 +300,9 @@ if [ $rc -ne 0 ]; then
   grep -E -B2 -A8 'error' build.log | tail -n 60 >&2
   die "build failed (exit $rc); full log: $work/build.log"
 fi
-if [ ! -d "$CACHE/zmq-deps/include" ] && [ -d 3rdparty/ps-lite/deps/include ]; then
-  rm -rf "$CACHE/zmq-deps.tmp" && cp -a 3rdparty/ps-lite/deps "$CACHE/zmq-deps.tmp" &&
-    mv "$CACHE/zmq-deps.tmp" "$CACHE/zmq-deps"
+if [ ! -d "$CACHE/zmq-deps-sodium/include" ] && [ -d 3rdparty/ps-lite/deps/include ]; then
+  rm -rf "$CACHE/zmq-deps-sodium.tmp" && cp -a 3rdparty/ps-lite/deps "$CACHE/zmq-deps-sodium.tmp" &&
+    mv "$CACHE/zmq-deps-sodium.tmp" "$CACHE/zmq-deps-sodium"
 fi
 # keep the newest tree only (for reading its build.log), drop the others
 find "$builds" -mindepth 1 -maxdepth 1 ! -name "$key" -exec rm -rf {} +

@@ -7,7 +7,8 @@
 #      container must exit 0, both workers must print the same parameter digest, and the test
 #      accuracy must be at least MIN_ACC;
 #   3b. the same cluster from docker/compose.yml (`docker-compose up`: Debian's docker-compose,
-#      installed when missing), checked the same way;
+#      installed when missing), with a fresh cluster key as its secret, checked the same way and
+#      that every role ran with the key;
 #   4. `docker run --rm IMAGE bpslaunch --local 2 --compressor thc -- python
 #      example/pytorch/train_digits.py` (a whole cluster in one container), checked the same way;
 #   5. with TF=1 (the image byteps-thc:cpu-tf), the same with example/tensorflow/train_digits.py.
@@ -146,6 +147,10 @@ log "4 containers: all exited 0, $(elapsed "$t")"
 t=$(date +%s)
 command -v docker-compose > /dev/null || docker_apt_install docker-compose
 compose=(docker-compose --no-ansi -p "$RUN_ID" -f docker/compose.yml)
+# the cluster key, mounted into every container as a secret (docs/SECURITY.md)
+export CLUSTER_KEY="$LOGS/cluster.key"
+"$ROOT/.venv/bin/python" -m byteps_thc.launch --new-cluster-key "$CLUSTER_KEY" 2> /dev/null ||
+  fail "bpslaunch --new-cluster-key $CLUSTER_KEY failed"
 COMPOSE_UP=1
 set +e
 IMAGE="$IMAGE" timeout "$CLUSTER_TIMEOUT_S" "${compose[@]}" up --no-color > "$LOGS/compose.log" 2>&1
@@ -160,6 +165,8 @@ bad="$(awk '$2 != 0' <<< "$codes")"
   fail "docker compose: the containers exited with: $(tr '\n' ' ' <<< "$codes")(log: $LOGS/compose.log)"
 IMAGE="$IMAGE" "${compose[@]}" logs --no-color worker0 worker1 > "$LOGS/compose-workers.log" 2>&1
 check_training "docker compose" 2 "$LOGS/compose-workers.log"
+keyed="$(grep -c 'BytePS launching .* (cluster key /run/secrets/cluster_key)' "$LOGS/compose.log" || true)"
+[ "$keyed" = 4 ] || fail "docker compose: $keyed of the 4 roles ran with the cluster key (log: $LOGS/compose.log)"
 IMAGE="$IMAGE" "${compose[@]}" down > /dev/null 2>&1
 COMPOSE_UP=
 log "docker compose: all four exited 0, $(elapsed "$t")"

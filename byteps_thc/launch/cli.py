@@ -179,6 +179,14 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the server fails a THC round that has waited SEC seconds for some "
                          "workers' pushes, and every worker waiting for it gets the error "
                          "(BYTEPS_THC_STALL_TIMEOUT; give it to the servers' bpslaunch)")
+    sc = p.add_argument_group("security (docs/SECURITY.md)")
+    sc.add_argument("--new-cluster-key", metavar="FILE", default=None,
+                    help="write a new cluster key to FILE (mode 0600) and exit")
+    sc.add_argument("--cluster-key", metavar="FILE", default=None,
+                    help="every connection of the launched nodes is authenticated and encrypted "
+                         "with this key (BYTEPS_THC_CLUSTER_KEY); every node needs the same file")
+    sc.add_argument("--secure", action="store_true",
+                    help="with --local N: a fresh cluster key for this cluster alone")
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="CMD",
                    help="the training command, run in every worker")
     return p
@@ -210,6 +218,15 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         parser.error("--compressor-k applies to --compressor topk, randomk or dithering")
     if ns.compressor in ("topk", "randomk", "dithering") and ns.compressor_k is None:
         parser.error(f"--compressor {ns.compressor} needs --compressor-k")
+    if ns.new_cluster_key is not None and (ns.command or ns.local is not None or ns.cluster_key
+                                           or ns.secure):
+        parser.error("--new-cluster-key FILE writes a key and exits; then launch every node "
+                     "with --cluster-key FILE")
+    if ns.secure and ns.local is None:
+        parser.error("--secure needs --local N (a real cluster's nodes share a key file: "
+                     "--new-cluster-key FILE, then --cluster-key FILE on every node)")
+    if ns.secure and ns.cluster_key:
+        parser.error("--secure makes a key of its own: give --cluster-key FILE or --secure")
     if ns.servers is not None and ns.local is None:
         parser.error("--servers needs --local N")
     if ns.local is not None and not ns.command:

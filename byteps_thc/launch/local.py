@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import socket
 import sys
 import tempfile
@@ -16,6 +17,7 @@ from typing import List, Mapping, Optional, Sequence, TextIO
 
 from .. import env
 from .cli import compression_env, liveness_env, trace_dirs
+from .cluster_key import key_env
 from .role import server_argv, with_package_path
 from .supervisor import ProcSpec, Supervisor
 
@@ -99,22 +101,26 @@ def run_local(ns: argparse.Namespace, environ: Optional[Mapping[str, str]] = Non
     environ = dict(os.environ if environ is None else environ)
     num_servers = ns.servers or 1
     err = err if err is not None else sys.stderr
+    run_dir = tempfile.mkdtemp(prefix="bps")  # the supervisor removes it (--secure's key too)
     try:
-        extra = dict(compression_env(ns, environ), **liveness_env(ns, environ))
+        extra = dict(compression_env(ns, environ), **liveness_env(ns, environ),
+                     **key_env(getattr(ns, "cluster_key", None), getattr(ns, "secure", False),
+                               environ, run_dir))
         trace_dirs(environ, range(ns.local))  # worker i is BytePS's rank i
     except ValueError as e:
+        shutil.rmtree(run_dir, ignore_errors=True)
         err.write(f"bpslaunch: {e}\n")
         return 2
-    run_dir = tempfile.mkdtemp(prefix="bps")
     specs = local_cluster_specs(ns.local, num_servers, ns.command, environ, run_dir,
                                 extra_env=extra)
     for s in specs:
         if s.role == "worker":
             os.makedirs(s.env[env.SOCKET_PATH.name], exist_ok=True)
     desc = ns.compressor or env.COMPRESSOR.get(environ)
+    key = extra.get(env.CLUSTER_KEY.name)
     err.write(f"bpslaunch: local cluster: scheduler {LOCAL_HOST}:"
               f"{specs[0].env[env.NODE_PORT.name]}, {num_servers} server(s), {ns.local} "
-              f"worker(s), compressor {desc}\n")
+              f"worker(s), compressor {desc}{', cluster key ' + key if key else ''}\n")
     err.flush()
     # stop_all removes the socket directories and the workers' shared memory (the watchdog does
     # when this process is killed outright)

@@ -14,6 +14,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, TextIO
 
 from .. import env
 from .cli import compression_env, liveness_env, trace_dirs
+from .cluster_key import key_env
 from .supervisor import ProcSpec, Supervisor
 
 
@@ -109,6 +110,7 @@ def run_role(ns: argparse.Namespace, environ: Optional[Mapping[str, str]] = None
     err = err if err is not None else sys.stderr
     try:
         environ.update(liveness_env(ns, environ))
+        environ.update(key_env(getattr(ns, "cluster_key", None), False, environ))
     except ValueError as e:
         err.write(f"bpslaunch: {e}\n")
         return 2
@@ -134,7 +136,8 @@ def run_role(ns: argparse.Namespace, environ: Optional[Mapping[str, str]] = None
         err.write(f"bpslaunch: not distributed ({env.NUM_WORKER.name}=1): nothing to run for "
                   f"{role}; set {env.FORCE_DISTRIBUTED.name}=1 to run it anyway\n")
         return 0
-    err.write(f"BytePS launching {role}\n")
+    key = env.CLUSTER_KEY.get(environ)
+    err.write(f"BytePS launching {role}{f' (cluster key {key})' if key else ''}\n")
     err.flush()
     # One process: no prefix and no grace period needed; several local workers: supervised.
     sup = Supervisor(specs, out=out, err=err, prefix=len(specs) > 1, grace=ns.grace,

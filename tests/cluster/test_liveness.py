@@ -7,6 +7,7 @@ on separate machines, with the real BytePS scheduler, server and workers on 127.
   one arrives) is found all the same, counted from the moment the cluster formed;
 - a worker that sleeps inside training: the server names the missing worker, fails the round
   after BYTEPS_THC_STALL_TIMEOUT, and every process exits non-zero; nothing is left behind;
+- a worker whose script ends early (it returned, or raised): the others end at once, naming it;
 - a cluster that never forms (a worker, or the scheduler, never started): after
   BYTEPS_THC_STARTUP_TIMEOUT every node that was started says what it waited for (the scheduler
   names who registered and who is missing) and exits non-zero.
@@ -260,6 +261,28 @@ def test_worker_killed_fails_the_other_worker_and_the_server(tmp_path, role_clus
         text = c.text(n)
         assert dead in text and _address(c.wports[1]) in text, (n, text[-3000:])
     assert "RuntimeError" in c.text("worker 0")
+    assert c.stop() == [] and shm_of_cluster(c.port) == []
+
+
+@pytest.mark.parametrize("how", ["sys.exit(0)", "raise ValueError('data ran out')"])
+def test_worker_that_leaves_early_ends_the_others_at_once(tmp_path, role_cluster, how):
+    """Worker 1's script ends after step 3 while worker 0 trains on. BytePS's atexit shutdown
+    puts worker 1 into ps-lite's final barrier, where it heartbeats: no dead-node timeout can
+    find it, and worker 0 waited for its pushes forever. The server now sees worker 0 push a
+    round that worker 1 will never join, and every other node ends, naming worker 1."""
+    c = role_cluster(train_script(tmp_path, f"""
+        if rank == 1 and step == 3:
+            print("worker 1 leaves", flush=True)
+            {how}
+    """))
+    c.wait_for(["worker 1"], "worker 1 leaves", timeout=240)
+    codes = c.wait_all(["worker 0", "worker 1", "server", "scheduler"], EXIT_BOUND)
+    assert all(codes[n] != 0 for n in ("worker 0", "server", "scheduler")), (codes, c.all_text())
+    for n in ("worker 0", "server", "scheduler"):
+        text = c.text(n)
+        assert "worker 1 (ps-lite node " in text and "left the cluster early: it shut down" \
+            in text, (n, text[-3000:])
+    assert "RuntimeError" in c.text("worker 0")  # its push_pull raised the report
     assert c.stop() == [] and shm_of_cluster(c.port) == []
 
 

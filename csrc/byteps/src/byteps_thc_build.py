@@ -13,7 +13,8 @@ codec's build description csrc/build_facts.py beside this file, and writes thc_a
                      its libraries in its first lines: `// byteps-thc-build: worker torch`.
                      Otherwise by place: thc/*.cc, lhc/*.cc and byteps/common/** go into server
                      and worker, byteps/server/** into server, byteps/torch/** into torch.
-- setup_compiler(c): per-file flags (see file_flags) and BYTEPS_BUILD_JOBS parallel compiles.
+- setup_compiler(c): per-file flags (see file_flags), BYTEPS_BUILD_JOBS parallel compiles, and
+                     LINKED on every link.
 - pslite_make_option(): ZeroMQ from the tarball the sdist bundles (no download), bounded -j.
 """
 import importlib.util
@@ -42,6 +43,11 @@ CORES = FACTS.CORES + (FACTS.SHARED,)
 # -Ofast either; failure.cc, the registry that every stage's thread and ps-lite's callbacks
 # reach, must not get -Ofast's -fallow-store-data-races.
 CODEC_FILE_PREFIXES = ("thc_", "lhc_", "max_round", "failure")
+
+
+# Shared libraries every BytePS library links: libsodium, for the CURVE security of ps-lite's
+# ZeroMQ (built --with-libsodium, patch 0022).
+LINKED = ["sodium"]
 
 
 def jobs():
@@ -139,8 +145,18 @@ def setup_compiler(compiler):
                 pass
         return objects
 
+    original_link = compiler.link
+
+    def link(target_desc, objects, output_filename, output_dir=None, libraries=None, *args,
+             **kwargs):
+        # ps-lite's static libzmq.a carries CURVE (the cluster key), which calls libsodium
+        libraries = list(libraries or []) + [lib for lib in LINKED if lib not in (libraries or [])]
+        return original_link(target_desc, objects, output_filename, output_dir, libraries, *args,
+                             **kwargs)
+
     compiler._compile = _compile
     compiler.compile = compile
+    compiler.link = link
 
 
 def pslite_make_option():

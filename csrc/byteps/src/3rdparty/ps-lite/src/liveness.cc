@@ -355,6 +355,10 @@ void ReportOversizedPull(uint64_t first_key, size_t buffer_bytes, size_t reply_b
   Fail(server, os.str());
 }
 
+namespace liveness {
+void ReportRefusal(const Node& peer, const std::string& why) { Fail(peer, why); }
+}  // namespace liveness
+
 int DeadNodeTimeout() { return NodeSeconds("PS_HEARTBEAT_TIMEOUT", kDefaultTimeout); }
 
 bool LookupNode(int id, Node* node) {
@@ -457,6 +461,10 @@ void OnHeartbeat(int sender_id) {
 void OnDeadNodeNotice(const Message& msg) {
   Node dead;
   if (!msg.meta.control.node.empty()) dead = msg.meta.control.node[0];
+  if (Postoffice::Get()->is_scheduler()) {  // a server found `dead` gone (departure.h): tell all
+    Announce(Postoffice::Get()->van(), dead, msg.meta.body);
+    return;
+  }
   {
     std::lock_guard<std::mutex> lk(G().mu);
     G().dead.insert(dead.id);
@@ -481,7 +489,15 @@ void WaitUntilReady(const std::atomic<bool>& ready) {
   const auto deadline = Clock::now() + std::chrono::seconds(timeout);
   while (!ready.load()) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    if (timeout > 0 && !ready.load() && Clock::now() > deadline) StartupFailed(timeout);
+    if (ready.load()) break;
+    // a peer refused this node (cluster_key.h) while a handler kept the process: the cluster
+    // cannot form with this node, and nothing of it has started
+    if (G().failed.load()) {
+      std::cerr << "ps-lite: exiting with status " << kStartupExitStatus << std::endl;
+      std::fflush(stderr);
+      _exit(kStartupExitStatus);
+    }
+    if (timeout > 0 && Clock::now() > deadline) StartupFailed(timeout);
   }
 }
 
