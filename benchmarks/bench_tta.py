@@ -298,16 +298,21 @@ def plot(records: List[dict], outdir: str) -> List[str]:
     os.makedirs(outdir, exist_ok=True)
     written = []
     ok = [r for r in records if r["status"] == "ok"]
+    palette = plt.get_cmap("tab20").colors
+    colors = {c: palette[i % len(palette)]
+              for i, c in enumerate(dict.fromkeys(r["compressor"] for r in ok))}
     for n, bw in dict.fromkeys((r["workers"], r["bandwidth_gbit"]) for r in ok):
         rs = [r for r in ok if r["workers"] == n and r["bandwidth_gbit"] == bw]
         fig, axes = plt.subplots(1, 2, figsize=(10, 4), dpi=80)
         for r in rs:
-            style = "-" if r["compressor"].startswith(("thc", "ddp-thc")) else "--"
+            # THC's lines solid, DDP's dash-dotted; one colour per compressor in every figure
+            style = "-" if "thc" in r["compressor"] else "-." if r["system"] == "ddp" else "--"
+            kw = dict(color=colors[r["compressor"]], lw=2.0 if "thc" in r["compressor"] else 1.2)
             wall = [p[0] for p in r["curve"]]
             mb = [p[1] * r["bytes_per_step"] / 1e6 for p in r["curve"]]
             loss = [p[2] for p in r["curve"]]
-            axes[0].plot(wall, loss, style, marker=".", ms=3, lw=1.2, label=r["compressor"])
-            axes[1].plot(mb, loss, style, marker=".", ms=3, lw=1.2, label=r["compressor"])
+            axes[0].plot(wall, loss, style, marker=".", ms=3, label=r["compressor"], **kw)
+            axes[1].plot(mb, loss, style, marker=".", ms=3, label=r["compressor"], **kw)
         target = rs[0].get("target_val_loss")
         for ax in axes:
             if target is not None:
