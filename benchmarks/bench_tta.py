@@ -187,6 +187,7 @@ def _worker_argv(a, system: str, hook: Optional[str] = None) -> List[str]:
 # ------------------------------------------------------------------------------------------------
 def _record(a, label, system, bw, link, load0, t0) -> dict:
     return {"compressor": label, "system": system, "workers": a.workers, "bandwidth_gbit": bw,
+            "invocation": a.invocation,
             "link_gbit_measured": link, "batch_per_worker": a.batch, "lr": a.lr,
             "seed": a.seed, "date": datetime.datetime.now(datetime.timezone.utc)
             .strftime("%Y-%m-%dT%H:%M:%SZ"), "loadavg": [load0, os.getloadavg()[0]],
@@ -241,15 +242,19 @@ def run_ddp(net, a, label, hook, bw, link) -> dict:
     return _finish(rec, got, got["eth0_bytes"])
 
 
+def group(r: dict) -> tuple:
+    """What a record is compared within: one invocation's runs of one workers and bandwidth."""
+    return r.get("invocation"), r["workers"], r["bandwidth_gbit"]
+
+
 def apply_targets(records: List[dict], target: Optional[float]) -> None:
     """Each record's target_val_loss (--target, else its group's fp32 run's final + 1%) and its
-    time and steps to it. A group is one (workers, bandwidth)."""
+    time and steps to it."""
     for r in records:
         fp32 = None
         for name in FP32_ROWS:
             fp32 = next((x for x in records if x["compressor"] == name and x["status"] == "ok"
-                         and x["workers"] == r["workers"]
-                         and x["bandwidth_gbit"] == r["bandwidth_gbit"]), None)
+                         and group(x) == group(r)), None)
             if fp32:
                 break
         r["target_val_loss"] = target if target is not None else (
@@ -270,8 +275,7 @@ def table(records: List[dict]) -> str:
 
     def ref(r, name):
         x = next((x for x in records if x["compressor"] == name and x["status"] == "ok"
-                  and x["workers"] == r["workers"] and x["bandwidth_gbit"] == r["bandwidth_gbit"]
-                  and x.get("time_to_target_s") is not None), None)
+                  and group(x) == group(r) and x.get("time_to_target_s") is not None), None)
         t = r.get("time_to_target_s")
         return f"{t / x['time_to_target_s']:.2f}" if x and t is not None else "-"
     for r in records:
@@ -301,8 +305,10 @@ def plot(records: List[dict], outdir: str) -> List[str]:
     palette = plt.get_cmap("tab20").colors
     colors = {c: palette[i % len(palette)]
               for i, c in enumerate(dict.fromkeys(r["compressor"] for r in ok))}
-    for n, bw in dict.fromkeys((r["workers"], r["bandwidth_gbit"]) for r in ok):
-        rs = [r for r in ok if r["workers"] == n and r["bandwidth_gbit"] == bw]
+    groups = list(dict.fromkeys(group(r) for r in ok))
+    for g in groups:
+        inv, n, bw = g
+        rs = [r for r in ok if group(r) == g]
         fig, axes = plt.subplots(1, 2, figsize=(10, 4), dpi=80)
         for r in rs:
             # THC's lines solid, DDP's dash-dotted; one colour per compressor in every figure
@@ -330,7 +336,10 @@ def plot(records: List[dict], outdir: str) -> List[str]:
                      f"(dotted: target {target:.3f})" if target is not None else
                      f"byte LM on the stdlib, {n} workers, {bw:g} Gbit/s links", fontsize=9)
         fig.tight_layout()
-        path = os.path.join(outdir, f"bench_tta_w{n}_{bw:g}gbit.png")
+        # merged records (--from-json) may hold one group per invocation: each its own file
+        again = sum(x[1:] == g[1:] for x in groups) > 1 and inv
+        path = os.path.join(outdir, f"bench_tta_w{n}_{bw:g}gbit" +
+                            (f"_{inv}" if again else "") + ".png")
         fig.savefig(path)
         plt.close(fig)
         written.append(path)
@@ -379,6 +388,7 @@ def parse_args(argv=None) -> argparse.Namespace:
             ap.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(a, name)}")
     if a.lr <= 0:
         ap.error(f"--lr must be positive, got {a.lr}")
+    a.invocation = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     return a
 
 
