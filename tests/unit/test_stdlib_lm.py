@@ -124,7 +124,10 @@ def test_targets_come_from_each_groups_fp32_run():
             rec("thc", 1.0, 2.01, [[0, 0, 5.5], [4, 50, 2.02], [8, 100, 2.01]]),
             rec("ddp", 10.0, 3.0, [[0, 0, 5.5], [5, 100, 3.0]]),
             rec("thc", 10.0, 3.5, [[0, 0, 5.5], [5, 100, 3.5]])]
-    bench_tta.apply_targets(recs, None)
+    other = dict(rec("thc", 1.0, 2.01, [[0, 0, 5.5], [8, 100, 2.01]]), invocation="later")
+    bench_tta.apply_targets(recs + [other], None)
+    # another invocation's run (other load) takes no target from this one's fp32 run
+    assert other["target_val_loss"] is None and other["time_to_target_s"] is None
     assert recs[1]["target_val_loss"] == pytest.approx(2.02)
     assert (recs[1]["time_to_target_s"], recs[1]["steps_to_target"]) == (4, 50)
     assert recs[3]["target_val_loss"] == pytest.approx(3.03) and recs[3]["target_from"] == "ddp"
