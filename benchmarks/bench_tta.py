@@ -34,6 +34,7 @@ Each run is one record (--json: all of them, rewritten after every run):
                      the same workers and bandwidth, or --target; the time is the wall_s of the
                      first evaluation at or below it (null: never reached)
   loadavg            the 1-minute load average before and after the run
+  invocation         when this invocation started: targets and plots compare runs of one only
 
 This host's two cores are shared by every worker, the server and whatever else runs: compare
 within one invocation, as ratios, and read the load averages.
@@ -198,7 +199,7 @@ def _finish(rec: dict, rank0: Optional[dict], total_bytes: Optional[int]) -> dic
     """The record's measured fields from rank 0's result and every worker's bytes."""
     if rank0 is None or total_bytes is None:
         rec["status"] = "failed" if rec.get("status") in (None, "ok") else rec["status"]
-        rec.setdefault("error", "no result from every worker")
+        rec["error"] = rec.get("error") or "no result from every worker"
         return rec
     curve = rank0["curve"]
     rec.update(status="ok", steps=curve[-1][1], wall_s=rank0["wall_s"], step_s=rank0["step_s"],
