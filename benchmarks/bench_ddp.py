@@ -49,6 +49,37 @@ TAG = "DDPRESULT "
 PORT = 29400
 
 
+def register_hook(model, hook: str) -> None:
+    """Register the comm hook `hook` (one of DDP_HOOKS; plain: none) on the DDP `model`, as the
+    module docstring describes each (bench_tta.py trains with the same hooks)."""
+    import torch.distributed as dist
+    if hook not in DDP_HOOKS:
+        raise ValueError(f"unknown DDP hook {hook!r}; known: {', '.join(DDP_HOOKS)}")
+    if hook == "fp16":
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+        model.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    elif hook.startswith("powersgd"):
+        from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
+        psgd_state = psgd.PowerSGDState(process_group=None, matrix_approximation_rank=4,
+                                        start_powerSGD_iter=2)
+        if hook == "powersgd":
+            def serial(state, bucket):  # this bucket's collectives all issued before the next's
+                fut = psgd.powerSGD_hook(state, bucket)
+                fut.wait()
+                return fut
+            model.register_comm_hook(psgd_state, serial)
+        else:
+            model.register_comm_hook(psgd_state, psgd.powerSGD_hook)
+    elif hook in ("thc", "thc-block16"):
+        import dataclasses
+
+        from byteps_thc.ddp import ThcHookState, default_config, thc_hook
+        cfg = default_config(dist.get_world_size())
+        if hook == "thc-block16":
+            cfg = dataclasses.replace(cfg, rotation_block=1 << 16)
+        model.register_comm_hook(ThcHookState(config=cfg), thc_hook)
+
+
 # -- one rank ------------------------------------------------------------------------------------
 def worker(a) -> int:
     import torch
@@ -73,29 +104,7 @@ def worker(a) -> int:
     gen = torch.Generator().manual_seed(rank)
     grads = [torch.randn(s, generator=gen) * 0.01 for s in shapes]
     model = DDP(net, bucket_cap_mb=25)
-    if a.hook == "fp16":
-        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-        model.register_comm_hook(None, default_hooks.fp16_compress_hook)
-    elif a.hook.startswith("powersgd"):
-        from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
-        psgd_state = psgd.PowerSGDState(process_group=None, matrix_approximation_rank=4,
-                                        start_powerSGD_iter=2)
-        if a.hook == "powersgd":
-            def serial(state, bucket):  # this bucket's collectives all issued before the next's
-                fut = psgd.powerSGD_hook(state, bucket)
-                fut.wait()
-                return fut
-            model.register_comm_hook(psgd_state, serial)
-        else:
-            model.register_comm_hook(psgd_state, psgd.powerSGD_hook)
-    elif a.hook in ("thc", "thc-block16"):
-        import dataclasses
-
-        from byteps_thc.ddp import ThcHookState, default_config, thc_hook
-        cfg = default_config(dist.get_world_size())
-        if a.hook == "thc-block16":
-            cfg = dataclasses.replace(cfg, rotation_block=1 << 16)
-        model.register_comm_hook(ThcHookState(config=cfg), thc_hook)
+    register_hook(model, a.hook)
 
     def step():
         model.zero_grad(set_to_none=True)
