@@ -24,7 +24,8 @@ from test_launch_local import FORK_DIR, ROOT, pytestmark  # noqa: F401
 
 SCRIPT = os.path.join(ROOT, "tests", "cluster", "scripts", "torch_key.py")
 KEY = "BYTEPS_THC_CLUSTER_KEY"
-REFUSED = "during the ZeroMQ handshake (within 1 s of connecting): it refuses this node's cluster key"
+REFUSED = ("during the ZeroMQ handshake (within 1 s of connecting): it refuses this node's "
+           "cluster key")
 
 
 @pytest.fixture(scope="module")

@@ -97,7 +97,8 @@ def test_a_bad_key_in_the_environment_stops_a_role_before_it_starts(tmp_path):
     (["--new-cluster-key", "k", "--", "true"], "writes a key and exits"),
     (["--new-cluster-key", "k", "--cluster-key", "j"], "writes a key and exits"),
     (["--secure", "--", "true"], "--secure needs --local N"),
-    (["--local", "2", "--secure", "--cluster-key", "k", "--", "true"], "give --cluster-key FILE or"),
+    (["--local", "2", "--secure", "--cluster-key", "k", "--", "true"],
+     "give --cluster-key FILE or"),
 ])
 def test_flags_that_do_not_go_together(argv, message, capsys):
     with pytest.raises(SystemExit) as e:
