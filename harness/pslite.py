@@ -123,7 +123,9 @@ def build_client(out_dir: Path) -> Optional[Path]:
     subprocess.run(["nice", "g++", *facts.CODEC, f"-I{ROOT / 'csrc' / 'byteps' / 'src'}",
                     f"-I{ROOT / 'csrc'}", f"-I{ps / 'include'}", str(CLIENT_SRC),
                     str(THC_WIRE_SRC), *objs, str(ps / "build" / "libps.a"),
-                    str(ps / "deps" / "lib" / "libzmq.a"), "-lpthread", "-lrt", "-o", str(exe)],
+                    # libsodium: ZeroMQ's CURVE and ps-lite's cluster key (patch 0022)
+                    str(ps / "deps" / "lib" / "libzmq.a"), "-lsodium", "-lpthread", "-lrt",
+                    "-o", str(exe)],
                    check=True)
     return exe
 

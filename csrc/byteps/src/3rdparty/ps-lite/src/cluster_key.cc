@@ -206,7 +206,9 @@ void OnEvent(Watched* w, uint16_t event, int32_t value, const std::string& endpo
     w->is_connected = false;
     // Refusals come at registration: every node that registered holds the scheduler's key, so
     // the same key as every other node. Later quick closes are peers' teardown.
-    if (quick(w->connected) && !G().formed && !ClusterFailed()) {
+    Van* van = Postoffice::Get()->van();
+    const bool formed = G().formed || (van && van->IsReady());
+    if (quick(w->connected) && !formed && !ClusterFailed()) {
       std::ostringstream os;
       os << "ps-lite: " << DescribeNode(w->peer) << " at " << endpoint
          << " closed this node's connection during the ZeroMQ handshake (within "

@@ -43,6 +43,7 @@ struct State {
   DeadNodeHandler handler;
   std::string failure;
   std::atomic<bool> failed{false};
+  std::atomic<bool> reported{false};  // Fail logged `failure` and ran the handler
   // the startup timeout's report
   Node self;  // a worker or server: itself, as it registered
   bool has_self = false;
@@ -109,6 +110,7 @@ void Fail(const Node& dead, const std::string& why) {
   LOG(ERROR) << why;
   if (handler) {
     handler(dead, why);
+    g.reported = true;
     return;
   }
   std::cerr << "ps-lite: exiting with status " << kDeadNodeExitStatus << std::endl;
@@ -492,7 +494,7 @@ void WaitUntilReady(const std::atomic<bool>& ready) {
     if (ready.load()) break;
     // a peer refused this node (cluster_key.h) while a handler kept the process: the cluster
     // cannot form with this node, and nothing of it has started
-    if (G().failed.load()) {
+    if (G().reported.load()) {  // not just `failed`: the message must be out first
       std::cerr << "ps-lite: exiting with status " << kStartupExitStatus << std::endl;
       std::fflush(stderr);
       _exit(kStartupExitStatus);
