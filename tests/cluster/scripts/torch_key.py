@@ -7,8 +7,9 @@ each step, then prints its parameters' digest. Run inside the cluster's own netw
   whether the MARKER's bytes were seen in the clear;
 - --attack: after the first step, while the other worker waits in its push_pull, attack every
   listening port of the namespace (they are all the cluster's): raw bytes to each, and nodes
-  without the key, or with another key, that try to join as a worker and as a server. Each
-  attempt prints one ATTACK line with its exit status and the last lines of its output.
+  without the key, or with another key, that try to join as a worker and as a server (with a
+  startup timeout of 5 s). Each attempt prints one ATTACK line with its exit status and the last
+  lines of its output.
 """
 import argparse
 import hashlib
@@ -84,7 +85,7 @@ def intruder(role, key):
     env = {k: v for k, v in os.environ.items()
            if k not in ("BYTEPS_THC_CLUSTER_KEY", "DMLC_NODE_PORT")}
     env.update(DMLC_ROLE=role, DMLC_WORKER_ID="7", BYTEPS_SOCKET_PATH=tempfile.mkdtemp(),
-               BYTEPS_THC_STARTUP_TIMEOUT="120")
+               BYTEPS_THC_STARTUP_TIMEOUT="5")  # a refused node waits for it
     if key:
         env["BYTEPS_THC_CLUSTER_KEY"] = key
     # a worker's ps-lite starts with its first push_pull (BytePS's lazy init)

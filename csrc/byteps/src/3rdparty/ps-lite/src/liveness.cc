@@ -312,7 +312,9 @@ std::string Plural(size_t n, const char* word) {
     }
   }
   os << ", and check that every node has the same DMLC_NUM_WORKER, DMLC_NUM_SERVER, "
-     << "DMLC_PS_ROOT_URI and DMLC_PS_ROOT_PORT; exiting with status " << kStartupExitStatus;
+     << "DMLC_PS_ROOT_URI and DMLC_PS_ROOT_PORT, and the same cluster key file or none "
+     << "(BYTEPS_THC_CLUSTER_KEY: a node without the scheduler's key cannot register); exiting "
+     << "with status " << kStartupExitStatus;
   LOG(ERROR) << os.str();
   std::cerr << std::flush;
   std::fflush(stderr);
@@ -356,10 +358,6 @@ void ReportOversizedPull(uint64_t first_key, size_t buffer_bytes, size_t reply_b
      << "same model on every node)";
   Fail(server, os.str());
 }
-
-namespace liveness {
-void ReportRefusal(const Node& peer, const std::string& why) { Fail(peer, why); }
-}  // namespace liveness
 
 int DeadNodeTimeout() { return NodeSeconds("PS_HEARTBEAT_TIMEOUT", kDefaultTimeout); }
 
@@ -492,8 +490,8 @@ void WaitUntilReady(const std::atomic<bool>& ready) {
   while (!ready.load()) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
     if (ready.load()) break;
-    // a peer refused this node (cluster_key.h) while a handler kept the process: the cluster
-    // cannot form with this node, and nothing of it has started
+    // this node failed (a handler kept the process) before the cluster formed: it cannot form
+    // with this node, and nothing of it has started
     if (G().reported.load()) {  // not just `failed`: the message must be out first
       std::cerr << "ps-lite: exiting with status " << kStartupExitStatus << std::endl;
       std::fflush(stderr);

@@ -1,4 +1,4 @@
-// byteps-thc: the cluster key for ps-lite's ZeroMQ van (patch 0018 hooks it in).
+// byteps-thc: the cluster key for ps-lite's ZeroMQ van (patch 0022 hooks it in).
 //
 // With BYTEPS_THC_CLUSTER_KEY=FILE, every connection of this node uses ZeroMQ's CURVE security
 // (an authenticated, encrypted channel; libzmq built with libsodium). The cluster shares one
@@ -12,17 +12,11 @@
 // fails before any ps-lite message is delivered. Unset (or empty), connections are ZeroMQ's
 // plaintext NULL mechanism, as upstream.
 //
-// ZeroMQ 4.1 reports a failed handshake only as a connection that closes. The van therefore
-// watches its sockets' events (zmq_socket_monitor):
-// - a sender whose peer closed it within kHandshakeSeconds of connecting while this node
-//   registers was refused (ZeroMQ does not even retry after a mechanism mismatch): this node
-//   fails (liveness's Fail: the handler, or exit status 1) with a message that names the
-//   cluster key, instead of waiting for the startup timeout. A peer that died does not look so:
-//   its port refuses the TCP connection, which never connects. Once the cluster formed, every
-//   node holds the scheduler's key (or none, with it), and a quick close is a peer's teardown;
-// - on a keyed node, an accepted connection that closes within kHandshakeSeconds, and that the
-//   ZAP handler did not admit, did not complete the handshake: the receiver logs the peer's
-//   address, once per host a minute.
+// A refused node learns nothing from ZeroMQ 4.1 (a failed handshake is a closed connection,
+// which a socket monitor would show, but 4.1's monitors race with its I/O threads): it waits for
+// the startup timeout, whose message names a mismatched key as a cause. The ZAP handler logs the
+// clients it refuses (a CURVE client that knows the cluster's public key but not its secret),
+// once per host a minute; other refusals end in the handshake, before any ZAP request.
 //
 // The key file holds one line of 64 hex digits (the 32-byte secret key) and '#' comments; it
 // must be a regular file that only its owner can read or write (mode 0600 or stricter), as ssh
@@ -38,20 +32,18 @@
 namespace ps {
 namespace cluster_key {
 
-constexpr double kHandshakeSeconds = 1.0;
-
-// Reads BYTEPS_THC_CLUSTER_KEY (exits on a bad file, see above) and starts the ZAP handler and
-// the socket watcher on `context`. Once per context, before any socket of it binds or connects.
+// Reads BYTEPS_THC_CLUSTER_KEY (exits on a bad file, see above) and, with a key, starts the ZAP
+// handler on `context`. Once per context, before any socket of it binds or connects.
 void Start(void* context);
 // Whether a key is in force (after Start).
 bool Enabled();
 // `socket` (a ROUTER, before its bind) becomes a CURVE server when a key is in force.
 void Receiver(void* socket);
-// `socket` (a DEALER, before its connect to `peer`) becomes a CURVE client when a key is in
-// force; its refusals are watched either way.
-void Sender(void* socket, const Node& peer);
-// Stops the handler and the watcher and closes their sockets: after the van closed its own
-// sockets, before zmq_ctx_destroy (which waits for every socket of the context).
+// `socket` (a DEALER, before its connect and before any other thread uses it) becomes a CURVE
+// client when a key is in force.
+void Sender(void* socket);
+// Stops the ZAP handler and closes its socket: after the van closed its own sockets, before
+// zmq_ctx_destroy (which waits for every socket of the context).
 void Stop();
 
 }  // namespace cluster_key

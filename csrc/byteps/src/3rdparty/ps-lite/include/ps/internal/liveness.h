@@ -57,12 +57,6 @@ std::string ClusterFailure();
 // node does (the handler, naming that server), instead of the CHECK that aborted it.
 void ReportOversizedPull(uint64_t first_key, size_t buffer_bytes, size_t reply_bytes);
 
-namespace liveness {
-// A peer refused this node's connection (cluster_key.h): fails this process as a dead node does,
-// naming `peer` and `why`.
-void ReportRefusal(const Node& peer, const std::string& why);
-}  // namespace liveness
-
 // PS_HEARTBEAT_TIMEOUT in seconds, its default where unset (0: detection off).
 int DeadNodeTimeout();
 
