@@ -164,10 +164,10 @@ void Start(void* context) {
   const char* path = Environment::Get()->find("BYTEPS_THC_CLUSTER_KEY");
   if (path && *path) {
     g.path = path;
+    LoadKey();  // first: a bad key file is the user's to fix whatever the build
     if (!zmq_has("curve")) {
       BadKeyFile("this build's ZeroMQ has no CURVE security (it needs libsodium)");
     }
-    LoadKey();
     g.enabled = true;
     g.zap = zmq_socket(context, ZMQ_REP);
     if (!g.zap || zmq_bind(g.zap, kZapEndpoint) != 0) {
