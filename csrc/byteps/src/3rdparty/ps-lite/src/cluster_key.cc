@@ -177,8 +177,6 @@ void Start(void* context) {
   }
 }
 
-bool Enabled() { return G().enabled; }
-
 void Receiver(void* socket) {
   State& g = G();
   if (!g.enabled) return;

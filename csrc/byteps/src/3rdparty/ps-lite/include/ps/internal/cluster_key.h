@@ -35,8 +35,6 @@ namespace cluster_key {
 // Reads BYTEPS_THC_CLUSTER_KEY (exits on a bad file, see above) and, with a key, starts the ZAP
 // handler on `context`. Once per context, before any socket of it binds or connects.
 void Start(void* context);
-// Whether a key is in force (after Start).
-bool Enabled();
 // `socket` (a ROUTER, before its bind) becomes a CURVE server when a key is in force.
 void Receiver(void* socket);
 // `socket` (a DEALER, before its connect and before any other thread uses it) becomes a CURVE
