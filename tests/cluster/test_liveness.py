@@ -264,6 +264,8 @@ def test_worker_killed_fails_the_other_worker_and_the_server(tmp_path, role_clus
     assert c.stop() == [] and shm_of_cluster(c.port) == []
 
 
+@pytest.mark.skip(reason="patch 0023 (departure.cc) is out of the series: with it, processes "
+                         "aborted at shutdown in ZeroMQ's signaler.cpp (docs/FAULTS.md)")
 @pytest.mark.parametrize("how", ["sys.exit(0)", "raise ValueError('data ran out')"])
 def test_worker_that_leaves_early_ends_the_others_at_once(tmp_path, role_cluster, how):
     """Worker 1's script ends after step 3 while worker 0 trains on. BytePS's atexit shutdown
