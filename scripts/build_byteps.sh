@@ -208,9 +208,9 @@ if up_to_date; then
 fi
 
 # ---- prepare the tree ------------------------------------------------------------------------
-# ps-lite's cluster key (patch 0022) uses libsodium, and every BytePS library links it: Debian's
-# libsodium-dev (headers, libsodium.so, its pkg-config file), installed here when missing and we
-# may (root with apt-get). ZeroMQ itself is still built without it (docs/SECURITY.md).
+# ps-lite's ZeroMQ is built with libsodium, for the cluster key's CURVE security (patch 0022),
+# and every BytePS library links it: Debian's libsodium-dev (headers, libsodium.so, its
+# pkg-config file), installed here when missing and we may (root with apt-get).
 if ! pkg-config --exists libsodium 2> /dev/null; then
   if [ "$(id -u)" = 0 ] && command -v apt-get > /dev/null; then
     log "installing libsodium-dev and pkg-config (apt-get)"
@@ -265,9 +265,9 @@ for core in "$CORE" "$LHC_CORE" "$CODEC_COMMON"; do  # csrc/{thc,lhc,common} -> 
 done
 cp "$BUILD_FACTS" build_facts.py && echo build_facts.py >> thc_added_files.txt
 log "added $(wc -l < thc_added_files.txt) files of ours"
-# ZeroMQ does not change with our patches: reuse the one built before (saves ~30 s).
-if [ -d "$CACHE/zmq-deps/include" ]; then
-  mkdir -p 3rdparty/ps-lite/deps && cp -a "$CACHE/zmq-deps/." 3rdparty/ps-lite/deps/
+# ZeroMQ (with libsodium) does not change with our patches: reuse the one built before (~30 s).
+if [ -d "$CACHE/zmq-deps-sodium/include" ]; then
+  mkdir -p 3rdparty/ps-lite/deps && cp -a "$CACHE/zmq-deps-sodium/." 3rdparty/ps-lite/deps/
 fi
 
 # ---- build and install -----------------------------------------------------------------------
@@ -300,9 +300,9 @@ if [ $rc -ne 0 ]; then
   grep -E -B2 -A8 'error' build.log | tail -n 60 >&2
   die "build failed (exit $rc); full log: $work/build.log"
 fi
-if [ ! -d "$CACHE/zmq-deps/include" ] && [ -d 3rdparty/ps-lite/deps/include ]; then
-  rm -rf "$CACHE/zmq-deps.tmp" && cp -a 3rdparty/ps-lite/deps "$CACHE/zmq-deps.tmp" &&
-    mv "$CACHE/zmq-deps.tmp" "$CACHE/zmq-deps"
+if [ ! -d "$CACHE/zmq-deps-sodium/include" ] && [ -d 3rdparty/ps-lite/deps/include ]; then
+  rm -rf "$CACHE/zmq-deps-sodium.tmp" && cp -a 3rdparty/ps-lite/deps "$CACHE/zmq-deps-sodium.tmp" &&
+    mv "$CACHE/zmq-deps-sodium.tmp" "$CACHE/zmq-deps-sodium"
 fi
 # keep the newest tree only (for reading its build.log), drop the others
 find "$builds" -mindepth 1 -maxdepth 1 ! -name "$key" -exec rm -rf {} +
