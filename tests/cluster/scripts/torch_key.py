@@ -8,8 +8,8 @@ each step, then prints its parameters' digest. Run inside the cluster's own netw
 - --attack: after the first step, while the other worker waits in its push_pull, attack every
   listening port of the namespace (they are all the cluster's): raw bytes to each, and nodes
   without the key, or with another key, that try to join as a worker and as a server (with a
-  startup timeout of 5 s). Each attempt prints one ATTACK line with its exit status and the last
-  lines of its output.
+  startup timeout of 120 s, which such a node must not need). Each attempt prints one ATTACK line
+  with its exit status, its seconds and the last lines of its output.
 """
 import argparse
 import hashlib
@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 
 import torch
 
@@ -85,18 +86,20 @@ def intruder(role, key):
     env = {k: v for k, v in os.environ.items()
            if k not in ("BYTEPS_THC_CLUSTER_KEY", "DMLC_NODE_PORT")}
     env.update(DMLC_ROLE=role, DMLC_WORKER_ID="7", BYTEPS_SOCKET_PATH=tempfile.mkdtemp(),
-               BYTEPS_THC_STARTUP_TIMEOUT="5")  # a refused node waits for it
+               BYTEPS_THC_STARTUP_TIMEOUT="120")
     if key:
         env["BYTEPS_THC_CLUSTER_KEY"] = key
     # a worker's ps-lite starts with its first push_pull (BytePS's lazy init)
     code = ("import torch, byteps.torch as b; b.init(); b.push_pull(torch.zeros(4), name='x')"
             if role == "worker" else "import byteps.server")
+    t0 = time.monotonic()
     p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                        timeout=150)
+    seconds = time.monotonic() - t0
     lines = [ln for ln in (p.stdout + p.stderr).strip().splitlines()
              if not ln.startswith(("[bt]", "Stack trace"))]
     tail = " | ".join(lines[-3:])
-    return p.returncode, tail
+    return p.returncode, seconds, tail
 
 
 def attack():
@@ -108,8 +111,8 @@ def attack():
                    check=True, capture_output=True)
     for role in ("worker", "server"):
         for name, key in (("nokey", None), ("otherkey", other)):
-            rc, tail = intruder(role, key)
-            print(f"ATTACK {role} {name} rc={rc} :: {tail}", flush=True)
+            rc, seconds, tail = intruder(role, key)
+            print(f"ATTACK {role} {name} rc={rc} s={seconds:.1f} :: {tail}", flush=True)
 
 
 bps.init()

@@ -15,7 +15,9 @@
 #include <iostream>
 #include <map>
 #include <memory>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "ps/internal/env.h"
 #include "ps/internal/liveness.h"
@@ -40,6 +42,8 @@ struct State {
   std::unique_ptr<std::thread> thread;
   std::map<std::string, Clock::time_point> logged;  // the handler's: host -> last refusal line
   std::map<std::string, int> suppressed;
+  std::unique_ptr<std::thread> probe;  // a worker's or server's handshake check (Probe)
+  std::atomic<bool> probe_stop{false};
 };
 
 State& G() {
@@ -155,6 +159,119 @@ void Answer() {
   }
 }
 
+// One event of a socket monitor (ZeroMQ 4.1: a 6-byte frame of event and value, then the
+// endpoint); 0 when none came within `ms`.
+int NextEvent(void* monitor, int ms) {
+  zmq_pollitem_t item = {monitor, 0, ZMQ_POLLIN, 0};
+  if (zmq_poll(&item, 1, ms) <= 0) return 0;
+  int event = 0;
+  for (bool first = true;; first = false) {
+    zmq_msg_t msg;
+    zmq_msg_init(&msg);
+    if (zmq_msg_recv(&msg, monitor, 0) < 0) {
+      zmq_msg_close(&msg);
+      return event;
+    }
+    if (first && zmq_msg_size(&msg) >= 2) {
+      uint16_t e;
+      std::memcpy(&e, zmq_msg_data(&msg), sizeof(e));
+      event = e;
+    }
+    const bool more = zmq_msg_more(&msg);
+    zmq_msg_close(&msg);
+    if (!more) return event;
+  }
+}
+
+// A worker or server checks once, beside ps-lite's own start, that the scheduler completes a
+// handshake with this node's mechanism (CURVE with the key, NULL without): ZeroMQ 4.1 tells a
+// refused client nothing but a closed connection, and ps-lite's own sockets would retry until the
+// startup timeout. The check is a DEALER of its own context (one socket, its monitor, both closed
+// by this thread alone), which connects and sends nothing. A handshake that fails closes the
+// connection at once; one that succeeds leaves it open. Another key: the scheduler closes it, and
+// ZeroMQ reconnects (an event within reconnect_ivl). Another mechanism (a key on one side only):
+// both ends see the mismatch in the greeting, and ZeroMQ gives up without a reconnect, so no event
+// follows. So a refusal (the node exits saying so) is kStrikes connections in a row closed within
+// kQuiet of opening, or one so closed and then kSilent without an event; a connection that stays
+// open kQuiet ends the check.
+void Probe(std::string endpoint) {
+  constexpr int kStrikes = 3;
+  constexpr auto kQuiet = std::chrono::seconds(2);
+  constexpr auto kSilent = std::chrono::milliseconds(1500);  // >> reconnect_ivl's 100-200 ms
+  constexpr auto kGiveUp = std::chrono::minutes(10);  // the startup timeout is ps-lite's to keep
+  State& g = G();
+  void* ctx = zmq_ctx_new();
+  if (!ctx) return;
+  void* dealer = zmq_socket(ctx, ZMQ_DEALER);
+  void* monitor = nullptr;
+  const int linger = 0, ivl = 100;
+  const std::string inproc = "inproc://byteps-thc-cluster-key-probe";
+  bool ok = dealer && zmq_setsockopt(dealer, ZMQ_LINGER, &linger, sizeof(linger)) == 0 &&
+            zmq_setsockopt(dealer, ZMQ_RECONNECT_IVL, &ivl, sizeof(ivl)) == 0;
+  if (ok && g.enabled) {
+    ok = zmq_setsockopt(dealer, ZMQ_CURVE_SERVERKEY, g.pub, kKeyBytes) == 0 &&
+         zmq_setsockopt(dealer, ZMQ_CURVE_PUBLICKEY, g.pub, kKeyBytes) == 0 &&
+         zmq_setsockopt(dealer, ZMQ_CURVE_SECRETKEY, g.secret, kKeyBytes) == 0;
+  }
+  ok = ok && zmq_socket_monitor(dealer, inproc.c_str(), ZMQ_EVENT_ALL) == 0;
+  if (ok) {
+    monitor = zmq_socket(ctx, ZMQ_PAIR);
+    ok = monitor && zmq_setsockopt(monitor, ZMQ_LINGER, &linger, sizeof(linger)) == 0 &&
+         zmq_connect(monitor, inproc.c_str()) == 0 && zmq_connect(dealer, endpoint.c_str()) == 0;
+  }
+  int strikes = 0;
+  bool open = false, closed_at_once = false;
+  Clock::time_point opened, closed;
+  const auto give_up = Clock::now() + kGiveUp;
+  while (ok && !g.probe_stop.load() && Clock::now() < give_up) {
+    const int event = NextEvent(monitor, 100);
+    const auto now = Clock::now();
+    if (event == ZMQ_EVENT_CONNECTED || event == ZMQ_EVENT_CONNECT_DELAYED ||
+        event == ZMQ_EVENT_CONNECT_RETRIED) {
+      closed_at_once = false;  // ZeroMQ reconnects
+    }
+    if (event == ZMQ_EVENT_CONNECTED) {
+      open = true;
+      opened = now;
+    } else if ((event == ZMQ_EVENT_DISCONNECTED && open) ||
+               (!event && closed_at_once && now - closed >= kSilent)) {
+      if (event) {  // closed
+        open = false;
+        strikes = now - opened < kQuiet ? strikes + 1 : 0;
+        closed_at_once = strikes > 0;
+        closed = now;
+      }
+      if (strikes >= kStrikes || (!event && closed_at_once)) {
+        const std::string where = "ps-lite: the scheduler at " + endpoint.substr(6);
+        const std::string how = event ? std::to_string(kStrikes) + " times in a row"
+                                      : std::string("(the two ends use different mechanisms)");
+        if (g.enabled) {
+          LOG(ERROR) << where
+                     << " refused this node's cluster key (BYTEPS_THC_CLUSTER_KEY=" << g.path
+                     << "): it closed the connection in the CURVE handshake " << how
+                     << ", so it has another key or none. Give every node of the cluster the same "
+                     << "key file (or none at all); exiting with status " << kStartupExitStatus;
+        } else {
+          LOG(ERROR) << where << " refused this node, which has no cluster key: it closed the "
+                     << "connection in the handshake " << how << ", so it asks for a key "
+                     << "(BYTEPS_THC_CLUSTER_KEY). Give every node of the cluster the same key "
+                     << "file (bpslaunch --cluster-key FILE); exiting with status "
+                     << kStartupExitStatus;
+        }
+        std::cerr << std::flush;
+        std::fflush(stderr);
+        _exit(kStartupExitStatus);  // ps-lite's threads are still starting
+      }
+    } else if (open && now - opened >= kQuiet) {
+      break;  // the handshake held: the scheduler takes this node's key, or its lack of one
+    }
+  }
+  if (dealer) zmq_socket_monitor(dealer, nullptr, 0);
+  if (monitor) zmq_close(monitor);
+  if (dealer) zmq_close(dealer);
+  zmq_ctx_term(ctx);
+}
+
 }  // namespace
 
 void Start(void* context) {
@@ -174,6 +291,16 @@ void Start(void* context) {
       BadKeyFile(std::string("cannot start the ZAP handler: ") + zmq_strerror(zmq_errno()));
     }
     g.thread.reset(new std::thread(Answer));
+  }
+  Environment* env = Environment::Get();
+  const char* role = env->find("DMLC_ROLE");
+  const char* uri = env->find("DMLC_PS_ROOT_URI");
+  const char* port = env->find("DMLC_PS_ROOT_PORT");
+  const char* local = env->find("DMLC_LOCAL");  // the van's ipc:// addresses
+  if (role && std::strcmp(role, "scheduler") != 0 && uri && port) {
+    const bool ipc = local && *local && std::strcmp(local, "0") != 0;
+    g.probe.reset(new std::thread(
+        Probe, ipc ? std::string("ipc:///tmp/") + port : std::string("tcp://") + uri + ":" + port));
   }
 }
 
@@ -196,6 +323,10 @@ void Sender(void* socket) {
 void Stop() {
   State& g = G();
   if (!g.context) return;
+  g.probe_stop = true;
+  if (g.probe) g.probe->join();
+  g.probe.reset();
+  g.probe_stop = false;
   g.stop = true;
   if (g.thread) g.thread->join();
   g.thread.reset();

@@ -12,11 +12,15 @@
 // fails before any ps-lite message is delivered. Unset (or empty), connections are ZeroMQ's
 // plaintext NULL mechanism, as upstream.
 //
-// A refused node learns nothing from ZeroMQ 4.1 (a failed handshake is a closed connection,
-// which a socket monitor would show, but 4.1's monitors race with its I/O threads): it waits for
-// the startup timeout, whose message names a mismatched key as a cause. The ZAP handler logs the
-// clients it refuses (a CURVE client that knows the cluster's public key but not its secret),
-// once per host a minute; other refusals end in the handshake, before any ZAP request.
+// A refused node learns nothing from ZeroMQ 4.1's handshake but a closed connection, and
+// ps-lite's own sockets would retry until the startup timeout. So every worker and server, keyed
+// or not, checks the scheduler's handshake once, beside ps-lite's start, with a socket of its own
+// (cluster_key.cc, Probe): connections that the scheduler closes at once, three in a row, end the
+// node with a message that names the key (another one, or none where the scheduler has one). The
+// startup timeout's message still names a key as a cause, for what the check misses. The ZAP
+// handler logs the clients it refuses (a CURVE client that knows the cluster's public key but not
+// its secret), once per host a minute; other refusals end in the handshake, before any ZAP
+// request.
 //
 // The key file holds one line of 64 hex digits (the 32-byte secret key) and '#' comments; it
 // must be a regular file that only its owner can read or write (mode 0600 or stricter), as ssh
@@ -32,15 +36,16 @@
 namespace ps {
 namespace cluster_key {
 
-// Reads BYTEPS_THC_CLUSTER_KEY (exits on a bad file, see above) and, with a key, starts the ZAP
-// handler on `context`. Once per context, before any socket of it binds or connects.
+// Reads BYTEPS_THC_CLUSTER_KEY (exits on a bad file, see above), with a key starts the ZAP
+// handler on `context`, and on a worker or server the handshake check. Once per context, before
+// any socket of it binds or connects.
 void Start(void* context);
 // `socket` (a ROUTER, before its bind) becomes a CURVE server when a key is in force.
 void Receiver(void* socket);
 // `socket` (a DEALER, before its connect and before any other thread uses it) becomes a CURVE
 // client when a key is in force.
 void Sender(void* socket);
-// Stops the ZAP handler and closes its socket: after the van closed its own sockets, before
+// Stops the handshake check and the ZAP handler and closes its socket: after the van closed its own sockets, before
 // zmq_ctx_destroy (which waits for every socket of the context).
 void Stop();
 
