@@ -264,8 +264,6 @@ def test_worker_killed_fails_the_other_worker_and_the_server(tmp_path, role_clus
     assert c.stop() == [] and shm_of_cluster(c.port) == []
 
 
-@pytest.mark.skip(reason="patch 0023 (departure.cc) is out of the series: with it, processes "
-                         "aborted at shutdown in ZeroMQ's signaler.cpp (docs/FAULTS.md)")
 @pytest.mark.parametrize("how", ["sys.exit(0)", "raise ValueError('data ran out')"])
 def test_worker_that_leaves_early_ends_the_others_at_once(tmp_path, role_cluster, how):
     """Worker 1's script ends after step 3 while worker 0 trains on. BytePS's atexit shutdown
@@ -348,4 +346,30 @@ def test_cluster_that_never_forms_ends_every_node_naming_the_missing(tmp_path, r
             assert head + f"this {me} registered with the scheduler at {scheduler}" in text, \
                 (n, text[-3000:])
             assert "2 workers and 1 server" in text, (n, text[-3000:])
+    assert c.stop() == [] and shm_of_cluster(c.port) == []
+
+
+
+def test_worker_that_leaves_before_the_cluster_formed_ends_the_scheduler(tmp_path, role_cluster):
+    """Worker 0's script raises while its ps-lite still waits for worker 1, which never came.
+    Its final barrier aborted the process (SIGABRT, the van was not ready), and the others
+    waited for their startup timeout. Now it exits with a message, and the scheduler, told,
+    ends at once naming it; the server ends at its startup timeout (the scheduler is gone)."""
+    c = role_cluster(train_script(tmp_path, """
+        if step == 0:
+            print("worker 0 leaves", flush=True)
+            raise ValueError("bad data")
+    """), absent=("worker 1",), extra_env={"BYTEPS_THC_STARTUP_TIMEOUT": str(STARTUP_TIMEOUT)},
+        scheduler_env={"BYTEPS_THC_STARTUP_TIMEOUT": str(SCHEDULER_TIMEOUT)})
+    c.wait_for(["worker 0"], "worker 0 leaves", timeout=240)
+    # the scheduler long before its own startup timeout
+    codes = c.wait_all(["worker 0", "scheduler"], EXIT_BOUND)
+    assert codes == {"worker 0": 1, "scheduler": 1}, (codes, c.all_text())
+    w0 = c.text("worker 0")
+    assert "ValueError: bad data" in w0 and "SIGABRT" not in w0, w0[-3000:]
+    me = f"worker 0 at {_address(c.wports[0])}"
+    assert f"this {me} leaves before the cluster formed" in w0, w0[-3000:]
+    sched = c.text("scheduler")
+    assert f"{me} left before the cluster formed" in sched, sched[-3000:]
+    assert c.wait_all(["server"], STARTUP_TIMEOUT + EXIT_BOUND)["server"] != 0, c.all_text()
     assert c.stop() == [] and shm_of_cluster(c.port) == []

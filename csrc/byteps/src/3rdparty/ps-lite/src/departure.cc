@@ -1,12 +1,17 @@
 // byteps-thc: early departures (see include/ps/internal/departure.h).
 #include "ps/internal/departure.h"
 
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <unordered_map>
 
 #include "ps/internal/env.h"
@@ -23,7 +28,13 @@ struct State {
   std::unordered_map<uint64_t, std::unordered_map<int, uint64_t>> pushes;  // key -> sender -> n
   std::map<int, Node> departed;                                            // id -> node
   bool reported = false;
+  std::atomic<bool> departing{false};  // a worker: in Finalize
 };
+
+// The body of a finalizing worker's last BARRIER request (ps-lite's barriers carry none), and the
+// start of the body of a node's DEPARTED to the scheduler before the cluster formed.
+constexpr const char* kDepartingTag = "byteps-thc: departing";
+constexpr const char* kEarlyTag = "byteps-thc: left before the cluster formed: ";
 
 State& G() {
   static State* s = new State;  // never destroyed: ps-lite's threads may outlive static teardown
@@ -63,23 +74,84 @@ void Report(State& g, const Node& left, int ahead, uint64_t key, uint64_t n, uin
   if (Postoffice::Get()->van()->Send(m) < 0) LOG(WARNING) << "could not tell the scheduler";
 }
 
+// A node that leaves before the cluster formed: tells the scheduler (once its own registration
+// is out: ps-lite's start runs in another thread), and exits.
+[[noreturn]] void LeaveBeforeFormed(Van* van) {
+  std::string me = liveness::DescribeSelf();
+  for (int i = 0; me.empty() && i < 200; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    me = liveness::DescribeSelf();
+  }
+  LOG(ERROR) << "ps-lite: this " << (me.empty() ? std::string("node") : me)
+             << " leaves before the cluster formed: its script ended (or raised) while ps-lite "
+             << "still waited for the other nodes. Telling the scheduler, which ends the "
+             << "cluster; exiting with status " << kStartupExitStatus;
+  if (!me.empty()) {
+    Message m;
+    m.meta.recver = kScheduler;
+    m.meta.control.cmd = Control::DEPARTED;
+    m.meta.body = kEarlyTag + me;
+    m.meta.timestamp = van->GetTimestamp();
+    try {
+      van->Send(m);
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));  // ZeroMQ's I/O thread sends
+    } catch (const std::exception& e) {
+      LOG(ERROR) << "ps-lite: could not tell the scheduler: " << e.what();
+    }
+  }
+  std::cerr << std::flush;
+  std::fflush(stderr);
+  _exit(kStartupExitStatus);  // ps-lite's start is still waiting in another thread
+}
+
 }  // namespace
 
-void Departing() {
-  if (Off() || ClusterFailed()) return;
+void Finalizing(Van* van, bool do_barrier) {
+  Postoffice* po = Postoffice::Get();
+  if (!po->is_scheduler() && !van->IsReady()) LeaveBeforeFormed(van);
+  if (do_barrier && po->is_worker() && !Off()) G().departing = true;
+}
+
+void TagBarrier(Message* req) {
+  if (G().departing &&
+      req->meta.control.barrier_group == kWorkerGroup + kServerGroup + kScheduler) {
+    req->meta.body = kDepartingTag;
+  }
+}
+
+void OnBarrier(const Message& msg) {
+  if (Off() || !msg.meta.request || msg.meta.body != kDepartingTag || ClusterFailed()) return;
+  Node left;
+  if (!LookupNode(msg.meta.sender, &left)) {
+    left.id = msg.meta.sender;
+    left.role = Node::WORKER;
+  }
   Van* van = Postoffice::Get()->van();
-  const Node me = van->my_node();
   for (int id : Postoffice::Get()->GetNodeIDs(kServerGroup)) {
     Message m;
     m.meta.recver = id;
     m.meta.control.cmd = Control::DEPARTED;
-    m.meta.control.node.push_back(me);
+    m.meta.control.node.push_back(left);
     m.meta.timestamp = van->GetTimestamp();
-    van->Send(m);
+    if (van->Send(m) < 0)
+      LOG(WARNING) << "ps-lite: could not tell server " << id << " that " << DescribeNode(left)
+                   << " left";
   }
 }
 
 void OnDeparted(const Message& msg) {
+  if (Postoffice::Get()->is_scheduler()) {
+    const std::string& body = msg.meta.body;
+    if (body.compare(0, std::strlen(kEarlyTag), kEarlyTag) != 0) return;
+    LOG(ERROR) << "ps-lite: " << body.substr(std::strlen(kEarlyTag))
+               << " left before the cluster formed (its script ended or raised: its output says "
+               << "why), so the cluster cannot form; the other nodes end at their "
+               << "BYTEPS_THC_STARTUP_TIMEOUT. Start the whole cluster again; exiting with status "
+               << kStartupExitStatus;
+    std::cerr << std::flush;
+    std::fflush(stderr);
+    _exit(kStartupExitStatus);
+  }
   if (Off() || msg.meta.control.node.empty()) return;
   const Node& left = msg.meta.control.node[0];
   State& g = G();

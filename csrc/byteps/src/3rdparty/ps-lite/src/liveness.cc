@@ -478,6 +478,11 @@ void RecordSelf(const Node& me) {
   G().has_self = true;
 }
 
+std::string DescribeSelf() {
+  std::lock_guard<std::mutex> lk(G().mu);
+  return G().has_self ? DescribeJoining(G().self) : std::string();
+}
+
 void RecordRegistered(const std::vector<Node>& nodes) {
   std::lock_guard<std::mutex> lk(G().mu);
   G().registered = nodes;

@@ -76,7 +76,8 @@ void Stop();                                       // before the van stops
 void OnHeartbeat(int sender_id);                   // a HEARTBEAT (or its answer) arrived
 void OnDeadNodeNotice(const Message& msg);         // a DEAD_NODE from the scheduler
 // The startup timeout (patch 0031)
-void RecordSelf(const Node& me);                        // a worker or server, as it registers
+void RecordSelf(const Node& me);  // a worker or server, as it registers
+std::string DescribeSelf();       // "worker 0 at HOST:PORT" once RecordSelf ran, else empty
 void RecordRegistered(const std::vector<Node>& nodes);  // the scheduler: the nodes so far
 void WaitUntilReady(const std::atomic<bool>& ready);    // Van::Start: until the cluster formed
 }  // namespace liveness
