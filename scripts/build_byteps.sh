@@ -28,7 +28,8 @@
 #                            only when torch is built with CUDA *and* sees a GPU (driver + device);
 #                            an installed nvcc alone does not count (CI has nvcc and no GPU).
 #                            The CUDA worker: CUDA from nvcc's tree (or BYTEPS_CUDA_HOME), NCCL from
-#                            the pinned nvidia-nccl-cu13 wheel (or BYTEPS_NCCL_HOME), libnuma-dev;
+#                            BYTEPS_NCCL_HOME, the system (libnccl-dev) or the pinned nvidia-nccl-cu13
+#                            wheel, and libnuma-dev;
 #                            built in .cache/byteps/build-cuda/, apart from the CPU build. Against a
 #                            CPU torch it is a compile-and-link check (make byteps-cuda): its torch
 #                            plugin cannot load there (no libc10_cuda), so it needs --target DIR.
@@ -207,12 +208,17 @@ fi
 export BYTEPS_THC_CPU_ONLY
 [ "$BYTEPS_THC_CPU_ONLY" = 1 ] && mode="cpu-only worker" || mode="CUDA worker"
 [ "$server_only" = 1 ] && mode="server only"
-cuda_worker=0
+cuda_worker=0 nccl_from=""
 if [ "$server_only" = 0 ] && [ "$BYTEPS_THC_CPU_ONLY" = 0 ]; then
   cuda_worker=1
   BYTEPS_CUDA_HOME="$(cuda_home)" || exit 1
   export BYTEPS_CUDA_HOME
   export CUDA_HOME="${CUDA_HOME:-$BYTEPS_CUDA_HOME}"  # torch's CUDAExtension reads CUDA_HOME
+  # NCCL: BYTEPS_NCCL_HOME (upstream's variable), else the system's (libnccl-dev: what the GPU
+  # image installs; linked statically, as upstream does), else the pinned wheel
+  if [ -n "${BYTEPS_NCCL_HOME:-}" ]; then nccl_from="BYTEPS_NCCL_HOME=$BYTEPS_NCCL_HOME"
+  elif [ -f /usr/include/nccl.h ]; then nccl_from="system"
+  else nccl_from="wheel nvidia-nccl-cu13==$NCCL_VERSION $NCCL_WHEEL_SHA256"; fi
   if ! "$PY" -c 'import sys, torch; sys.exit(torch.version.cuda is None)' 2>/dev/null; then
     mode="$mode, compile-and-link check (CPU torch)"
     [ -n "$target" ] || die "a CUDA worker against a CPU torch cannot load (no libc10_cuda): it is a compile-and-link check, and needs --target DIR"
@@ -237,7 +243,7 @@ key="$( {
   echo "tf=$with_tf mxnet=$with_mx"  # the plugins are tied to the exact framework versions
   if [ "$cuda_worker" = 1 ]; then  # the CUDA worker: its toolkit and its NCCL
     echo "cuda $BYTEPS_CUDA_HOME"; "$BYTEPS_CUDA_HOME/bin/nvcc" --version | tail -n 1
-    echo "nccl ${BYTEPS_NCCL_HOME:-wheel $NCCL_VERSION $NCCL_WHEEL_SHA256}"
+    echo "nccl $nccl_from"
   fi
   [ "$with_tf$with_mx" = 00 ] || "$PY" -c 'import importlib.metadata as m
 for d in ("tensorflow", "tensorflow-cpu", "keras", "mxnet"):
@@ -315,11 +321,11 @@ if [ "$cuda_worker" = 1 ]; then
     fi
     [ -f /usr/include/numa.h ] || die "the CUDA worker needs libnuma: install Debian's libnuma-dev"
   fi
-  if [ -z "${BYTEPS_NCCL_HOME:-}" ]; then
+  if [ "${nccl_from%% *}" = wheel ]; then
     BYTEPS_NCCL_HOME="$(fetch_nccl)" || exit 1
     export BYTEPS_NCCL_HOME BYTEPS_NCCL_LINK=SHARED  # the wheel has no static library
   fi
-  log "CUDA $BYTEPS_CUDA_HOME, NCCL $BYTEPS_NCCL_HOME (${BYTEPS_NCCL_LINK:-STATIC})"
+  log "CUDA $BYTEPS_CUDA_HOME; NCCL: $nccl_from, linked ${BYTEPS_NCCL_LINK:-static}"
 fi
 [ -z "$without" ] || mode="$mode, without patch ${without//,/, }"
 log "building BytePS $SDIST_VERSION + $(patch_list | wc -l) patches ($mode, key $key, -j$BYTEPS_BUILD_JOBS)"
@@ -396,7 +402,8 @@ fi
 find "$builds" -mindepth 1 -maxdepth 1 ! -name "$key" -exec rm -rf {} +
 # where the CUDA worker's libraries find CUDA and NCCL (tests/unit/test_cuda_worker_build.py)
 [ "$cuda_worker" = 0 ] ||
-  printf '%s\n' "$BYTEPS_CUDA_HOME/lib64" "$BYTEPS_NCCL_HOME/lib" > "$dest/.byteps-thc-cuda-libdirs"
+  printf '%s\n' "$BYTEPS_CUDA_HOME/lib64" ${BYTEPS_NCCL_HOME:+"$BYTEPS_NCCL_HOME/lib"} \
+    > "$dest/.byteps-thc-cuda-libdirs"
 echo "$key" > "$stamp"
 log "installed into $dest in $(( $(date +%s) - start )) s ($mode)"
 copy_wheel
