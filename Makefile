@@ -5,7 +5,7 @@ PY    := .venv/bin/python
 VENV  := .venv/.stamp
 EXT   := byteps_thc/.ext-stamp
 
-.PHONY: all venv ext byteps lint test test-unit test-cluster demo bench clean distclean help
+.PHONY: all venv ext byteps byteps-cuda lint test test-unit test-cluster demo bench clean distclean help
 
 all: ext
 
@@ -15,6 +15,7 @@ help:
 	@echo "make lint   - ruff on the Python, clang-format on our C++ (CI runs it first)"
 	@echo "make ext    - build the codec extension byteps_thc._C"
 	@echo "make byteps - build and install the BytePS fork (pinned sdist + our patches)"
+	@echo "make byteps-cuda - the fork's CUDA worker, compiled and linked (needs nvcc; make test runs it where nvcc is)"
 	@echo "make bench  - codec benchmark (benchmarks/bench_codec.py)"
 	@echo "make soak   - 10 min of THC training, RSS of every process; fails on growth (SOAK_MINUTES=N)"
 	@echo "make test-tf    - the TensorFlow tests alone (make test runs them too)"
@@ -48,8 +49,21 @@ test-unit: ext
 byteps: $(VENV)
 	@nice scripts/build_byteps.sh
 
-test: ext byteps
-	$(PY) -m pytest -q tests
+# The CUDA worker's compile-and-link check (csrc/byteps/patches/README.md): the fork with
+# BYTEPS_THC_CPU_ONLY=0 against nvcc's CUDA and the pinned NCCL wheel, into .cache/fork-cuda (never
+# .venv: against the CPU torch its torch plugin cannot load), cached in .cache/byteps/build-cuda/
+# like make byteps. `make test` builds it and tests/unit/test_cuda_worker_build.py requires it
+# where nvcc is on PATH (CUDA_WORKER=0 leaves it out there); elsewhere it is no prerequisite and
+# costs nothing.
+NVCC := $(shell command -v nvcc 2> /dev/null)
+CUDA_WORKER ?= $(if $(NVCC),1,0)
+FORK_CUDA := .cache/fork-cuda
+byteps-cuda: $(VENV)
+	@command -v nvcc > /dev/null || { echo "make byteps-cuda: no nvcc on PATH" >&2; exit 1; }
+	@BYTEPS_THC_CPU_ONLY=0 BYTEPS_THC_TENSORFLOW=0 nice scripts/build_byteps.sh --target $(FORK_CUDA)
+
+test: ext byteps $(if $(filter 1,$(CUDA_WORKER)),byteps-cuda)
+	$(if $(filter 1,$(CUDA_WORKER)),BYTEPS_THC_CUDA_FORK=$(CURDIR)/$(FORK_CUDA)) $(PY) -m pytest -q tests
 
 # The three upstream bugs our patches fix (0005, 0006, 0012): each one's test fails on the series
 # without that patch and passes on ours. Not part of `make test`: three more builds (15-40 min

@@ -27,6 +27,12 @@
 #   BYTEPS_THC_CPU_ONLY=1|0  force the CPU-only worker (1) or the CUDA/NCCL worker (0). Unset: CUDA
 #                            only when torch is built with CUDA *and* sees a GPU (driver + device);
 #                            an installed nvcc alone does not count (CI has nvcc and no GPU).
+#                            The CUDA worker: CUDA from nvcc's tree (or BYTEPS_CUDA_HOME), NCCL from
+#                            BYTEPS_NCCL_HOME, the system (libnccl-dev) or the pinned nvidia-nccl-cu13
+#                            wheel, and libnuma-dev;
+#                            built in .cache/byteps/build-cuda/, apart from the CPU build. Against a
+#                            CPU torch it is a compile-and-link check (make byteps-cuda): its torch
+#                            plugin cannot load there (no libc10_cuda), so it needs --target DIR.
 #   BYTEPS_BUILD_JOBS=N      parallel compiles (default 2).  PY=...  the Python to build for.
 #   BYTEPS_THC_TENSORFLOW=0  no TensorFlow plugin (built by default when tensorflow is importable).
 set -euo pipefail
@@ -40,6 +46,11 @@ SDIST_VERSION="0.2.5.post15"
 SDIST="byteps-$SDIST_VERSION.tar.gz"
 SDIST_SHA256="9d6a3c5be4c4b5a172739744bb32725c433f9a9f63794e1885e7376ff4eea99f"
 SDIST_SIZE=4568030
+# NCCL for the CUDA worker (BYTEPS_THC_CPU_ONLY=0): nccl.h and libnccl.so.2 from NVIDIA's wheel for
+# CUDA 13 on the package index (x86-64; elsewhere set BYTEPS_NCCL_HOME).
+NCCL_VERSION="2.28.9"
+NCCL_WHEEL="nvidia_nccl_cu13-$NCCL_VERSION-py3-none-manylinux_2_18_x86_64.whl"
+NCCL_WHEEL_SHA256="e4553a30f34195f3fa1da02a6da3d6337d28f2003943aa0a3d247bbc25fefc42"
 PATCHES="$ROOT/csrc/byteps/patches"
 SRC="$ROOT/csrc/byteps/src"
 CORE="$ROOT/csrc/thc"
@@ -82,6 +93,50 @@ fetch_sdist() {
   [ "$(stat -c %s "$f")" = "$SDIST_SIZE" ] || die "$SDIST: wrong size"
   [ "$(sha256sum "$f" | cut -d' ' -f1)" = "$SDIST_SHA256" ] || die "$SDIST: sha256 mismatch"
   echo "$f"
+}
+
+# The CUDA toolkit's root: BYTEPS_CUDA_HOME, CUDA_HOME, else the tree of the nvcc on PATH (nvcc may
+# be a wrapper script, so ask nvcc itself), else /usr/local/cuda.
+cuda_home() {
+  local top="${BYTEPS_CUDA_HOME:-${CUDA_HOME:-}}"
+  if [ -z "$top" ] && command -v nvcc > /dev/null; then
+    top="$(nvcc --dryrun -c -x cu /dev/null -o /dev/null 2>&1 | sed -n 's/^#\$ TOP=//p' | head -n 1)"
+  fi
+  top="${top:-/usr/local/cuda}"
+  [ -f "$top/include/cuda_runtime.h" ] || die "no CUDA toolkit at $top (set BYTEPS_CUDA_HOME)"
+  (cd "$top" && pwd -P)
+}
+
+# NCCL's headers and library from the pinned wheel, unpacked once into $CACHE/nccl-VERSION/
+# (include/, lib/libnccl.so.2 and its link-time name lib/libnccl.so); prints that folder.
+fetch_nccl() {
+  local dir="$CACHE/nccl-$NCCL_VERSION" whl="$CACHE/dist/$NCCL_WHEEL"
+  if [ ! -f "$dir/lib/libnccl.so.2" ]; then
+    mkdir -p "$CACHE/dist"
+    log "downloading nvidia-nccl-cu13==$NCCL_VERSION (wheel, ~190 MiB) from the package index"
+    "$PY" -m pip download -q --disable-pip-version-check --no-deps --only-binary :all: \
+      "nvidia-nccl-cu13==$NCCL_VERSION" -d "$CACHE/dist" > "$CACHE/dist/pip-nccl.log" 2>&1 ||
+      { cat "$CACHE/dist/pip-nccl.log" >&2; die "pip download nvidia-nccl-cu13 failed"; }
+    [ -f "$whl" ] || die "no $NCCL_WHEEL (another platform? set BYTEPS_NCCL_HOME)"
+    [ "$(sha256sum "$whl" | cut -d' ' -f1)" = "$NCCL_WHEEL_SHA256" ] || die "$NCCL_WHEEL: sha256 mismatch"
+    local tmp; tmp="$(mktemp -d "$CACHE/nccl.XXXXXX")"
+    "$PY" - "$whl" "$tmp" <<'PYEOF' || die "unpacking $NCCL_WHEEL failed"
+import os, shutil, sys, zipfile
+whl, out = sys.argv[1:]
+with zipfile.ZipFile(whl) as z:
+    for name in z.namelist():
+        for part in ("include", "lib"):
+            prefix = "nvidia/nccl/%s/" % part
+            if name.startswith(prefix) and not name.endswith("/"):
+                dst = os.path.join(out, part, name[len(prefix):])
+                os.makedirs(os.path.dirname(dst), exist_ok=True)
+                with z.open(name) as src, open(dst, "wb") as f:
+                    shutil.copyfileobj(src, f)
+PYEOF
+    ln -s libnccl.so.2 "$tmp/lib/libnccl.so"
+    rm -rf "$dir" && mv "$tmp" "$dir" && rm -f "$whl"  # the unpacked files are what is kept
+  fi
+  echo "$dir"
 }
 
 patch_list() {
@@ -153,6 +208,22 @@ fi
 export BYTEPS_THC_CPU_ONLY
 [ "$BYTEPS_THC_CPU_ONLY" = 1 ] && mode="cpu-only worker" || mode="CUDA worker"
 [ "$server_only" = 1 ] && mode="server only"
+cuda_worker=0 nccl_from=""
+if [ "$server_only" = 0 ] && [ "$BYTEPS_THC_CPU_ONLY" = 0 ]; then
+  cuda_worker=1
+  BYTEPS_CUDA_HOME="$(cuda_home)" || exit 1
+  export BYTEPS_CUDA_HOME
+  export CUDA_HOME="${CUDA_HOME:-$BYTEPS_CUDA_HOME}"  # torch's CUDAExtension reads CUDA_HOME
+  # NCCL: BYTEPS_NCCL_HOME (upstream's variable), else the system's (libnccl-dev: what the GPU
+  # image installs; linked statically, as upstream does), else the pinned wheel
+  if [ -n "${BYTEPS_NCCL_HOME:-}" ]; then nccl_from="BYTEPS_NCCL_HOME=$BYTEPS_NCCL_HOME"
+  elif [ -f /usr/include/nccl.h ]; then nccl_from="system"
+  else nccl_from="wheel nvidia-nccl-cu13==$NCCL_VERSION $NCCL_WHEEL_SHA256"; fi
+  if ! "$PY" -c 'import sys, torch; sys.exit(torch.version.cuda is None)' 2>/dev/null; then
+    mode="$mode, compile-and-link check (CPU torch)"
+    [ -n "$target" ] || die "a CUDA worker against a CPU torch cannot load (no libc10_cuda): it is a compile-and-link check, and needs --target DIR"
+  fi
+fi
 # Other framework plugins (issue 6). The TensorFlow plugin too, by default, when tensorflow is
 # importable here (requirements.txt pins tensorflow-cpu); a failing TF plugin fails the build.
 # BYTEPS_THC_TENSORFLOW=0: torch's only. BYTEPS_THC_MXNET=1: the MXNet plugin instead of torch's
@@ -170,6 +241,10 @@ key="$( {
   "$PY" -c 'import sys; print(sys.version)'
   [ "$server_only$with_mx" != 00 ] || "$PY" -c 'import torch; print("torch", torch.__version__)'
   echo "tf=$with_tf mxnet=$with_mx"  # the plugins are tied to the exact framework versions
+  if [ "$cuda_worker" = 1 ]; then  # the CUDA worker: its toolkit and its NCCL
+    echo "cuda $BYTEPS_CUDA_HOME"; "$BYTEPS_CUDA_HOME/bin/nvcc" --version | tail -n 1
+    echo "nccl $nccl_from"
+  fi
   [ "$with_tf$with_mx" = 00 ] || "$PY" -c 'import importlib.metadata as m
 for d in ("tensorflow", "tensorflow-cpu", "keras", "mxnet"):
     try: print(d, m.version(d))
@@ -187,6 +262,7 @@ dest="${target:-$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purel
 stamp="$dest/.byteps-thc-build.stamp"
 builds="$CACHE/build${without:+-without-${without//,/-}}"  # a variant never touches the normal tree
 [ "$with_mx" != 1 ] || builds="$builds-mxnet"  # nor does MXNet's (each cleans only its own)
+[ "$cuda_worker" = 0 ] || builds="$builds-cuda"   # nor does the CUDA worker's
 work="$builds/$key"
 wheel() { ls "$work"/dist/byteps-*.whl 2> /dev/null | head -n 1; }
 up_to_date() {
@@ -232,6 +308,24 @@ if up_to_date; then
   log "up to date ($mode, key $key, built meanwhile)"
   copy_wheel
   exit 0
+fi
+if [ "$cuda_worker" = 1 ]; then
+  # The CUDA worker links libnuma (upstream's NUMA placement of cross-PCIe-switch buffers) and
+  # NCCL; upstream's setup.py finds NCCL at BYTEPS_NCCL_HOME, static unless BYTEPS_NCCL_LINK says.
+  if [ ! -f /usr/include/numa.h ]; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get > /dev/null; then
+      log "installing libnuma-dev (apt-get)"
+      { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+          --no-install-recommends libnuma-dev; } > "$CACHE/apt-numa.log" 2>&1 ||
+        { tail -n 20 "$CACHE/apt-numa.log" >&2; die "apt-get install libnuma-dev failed"; }
+    fi
+    [ -f /usr/include/numa.h ] || die "the CUDA worker needs libnuma: install Debian's libnuma-dev"
+  fi
+  if [ "${nccl_from%% *}" = wheel ]; then
+    BYTEPS_NCCL_HOME="$(fetch_nccl)" || exit 1
+    export BYTEPS_NCCL_HOME BYTEPS_NCCL_LINK=SHARED  # the wheel has no static library
+  fi
+  log "CUDA $BYTEPS_CUDA_HOME; NCCL: $nccl_from, linked ${BYTEPS_NCCL_LINK:-static}"
 fi
 [ -z "$without" ] || mode="$mode, without patch ${without//,/, }"
 log "building BytePS $SDIST_VERSION + $(patch_list | wc -l) patches ($mode, key $key, -j$BYTEPS_BUILD_JOBS)"
@@ -306,6 +400,10 @@ if [ ! -d "$CACHE/zmq-deps-sodium/include" ] && [ -d 3rdparty/ps-lite/deps/inclu
 fi
 # keep the newest tree only (for reading its build.log), drop the others
 find "$builds" -mindepth 1 -maxdepth 1 ! -name "$key" -exec rm -rf {} +
+# where the CUDA worker's libraries find CUDA and NCCL (tests/unit/test_cuda_worker_build.py)
+[ "$cuda_worker" = 0 ] ||
+  printf '%s\n' "$BYTEPS_CUDA_HOME/lib64" ${BYTEPS_NCCL_HOME:+"$BYTEPS_NCCL_HOME/lib"} \
+    > "$dest/.byteps-thc-cuda-libdirs"
 echo "$key" > "$stamp"
 log "installed into $dest in $(( $(date +%s) - start )) s ($mode)"
 copy_wheel

@@ -8,6 +8,9 @@
 - `needs_root(*tools)`: root, and these programs on PATH (network namespaces: `ip`, `tc`).
 - `needs_tf`: TensorFlow installed (found, not imported: TF stays out of the test process).
 - `needs_gpu`: a CUDA device that torch sees, and byteps_thc._C built with the CUDA kernels.
+- `needs_cuda_fork`: the CUDA worker's compile-and-link build (`make byteps-cuda`, in
+  CUDA_FORK_DIR; the fixture `cuda_fork` is that folder). `make test` builds it where nvcc is on
+  PATH and sets BYTEPS_THC_CUDA_FORK to it, and then it is required: a missing build fails.
 
 A test whose needs are not met is skipped with the reason (`pytest -rs` lists them). The checks
 run when such a test is about to run, after its `skipif` markers, and each result is kept.
@@ -24,6 +27,10 @@ import pytest
 
 _fork_dir = os.environ.get("BYTEPS_THC_FORK_DIR", "")
 FORK_DIR = os.path.abspath(_fork_dir) if _fork_dir else ""
+
+_cuda_fork = os.environ.get("BYTEPS_THC_CUDA_FORK", "")
+CUDA_FORK_DIR = os.path.abspath(_cuda_fork or os.path.join(os.path.dirname(__file__), "..",
+                                                           ".cache", "fork-cuda"))
 
 DEFAULT_PLUGINS = ("server", "torch")
 # what builds a plugin (and where to look when it does not build)
@@ -95,6 +102,17 @@ def gpu_missing():
     return None if getattr(_C, "with_cuda", False) else "byteps_thc._C built without CUDA"
 
 
+@functools.lru_cache(maxsize=None)
+def cuda_fork_missing():
+    if _cuda_fork:  # make test built it: its absence is the tests' failure, not a skip
+        return None
+    if shutil.which("nvcc") is None:
+        return "no nvcc on PATH (the CUDA worker is compiled only where nvcc is)"
+    if not os.path.exists(os.path.join(CUDA_FORK_DIR, ".byteps-thc-build.stamp")):
+        return f"the CUDA worker is not built in {CUDA_FORK_DIR} (make byteps-cuda)"
+    return None
+
+
 def missing(item):
     """Why `item` cannot run here, or None."""
     for mark in item.iter_markers("needs_root"):
@@ -109,6 +127,8 @@ def missing(item):
             return why
     if item.get_closest_marker("needs_gpu") and gpu_missing():
         return gpu_missing()
+    if item.get_closest_marker("needs_cuda_fork") and cuda_fork_missing():
+        return cuda_fork_missing()
     return None
 
 
@@ -126,3 +146,9 @@ def fork():
     why = fork_missing()
     if why:
         pytest.skip(why)
+
+
+@pytest.fixture
+def cuda_fork():
+    """The folder of the CUDA worker's build (tests marked `needs_cuda_fork`)."""
+    return CUDA_FORK_DIR

@@ -9,6 +9,8 @@ codec's build description csrc/build_facts.py beside this file, and writes thc_a
 
 - cpu_only():        the worker mode; BYTEPS_THC_CPU_ONLY=1 compiles the worker without CUDA, NCCL
                      or libnuma (the build script always sets it to 0 or 1).
+- torch_cuda(), torch_cuda_extension(): whether the torch plugin gets CUDA, and its extension
+                     class then (CUDAExtension, or a CPU torch's compile-and-link check).
 - extra_sources(k):  our .cc files for one library k in {server, worker, torch}. A file may name
                      its libraries in its first lines: `// byteps-thc-build: worker torch`.
                      Otherwise by place: thc/*.cc, lhc/*.cc and byteps/common/** go into server
@@ -56,6 +58,48 @@ def jobs():
 
 def cpu_only():
     return os.environ.get("BYTEPS_THC_CPU_ONLY", "0") == "1"
+
+
+def torch_cuda():
+    """Whether the torch plugin is built with CUDA (HAVE_CUDA=1): exactly when the worker is,
+    since the plugin compiles the worker's sources, and a CUDA worker includes cuda_runtime.h.
+    A CPU torch (`torch.version.cuda` None) still gets HAVE_CUDA=1 then: the build script allows
+    that only into a --target, as the CUDA worker's compile-and-link check."""
+    return not cpu_only()
+
+
+# The one header of c10/cuda that torch generates when it is built with CUDA, absent from a CPU
+# torch's include/: its CUDA build's setting, c10_cuda as a shared library (what CUDA wheels ship).
+CPU_TORCH_CUDA_MACROS = ("c10/cuda/impl/cuda_cmake_macros.h",
+                         "#pragma once\n#define C10_CUDA_BUILD_SHARED_LIBS\n")
+
+
+def torch_cuda_extension():
+    """The setuptools extension for the torch plugin with CUDA. A CUDA torch: its own
+    CUDAExtension. A CPU torch (the compile-and-link check): CppExtension plus the CUDA toolkit's
+    headers and libcudart from BYTEPS_CUDA_HOME, and CPU_TORCH_CUDA_MACROS written into the tree.
+    torch's c10/cuda headers are in every torch wheel, its libc10_cuda.so only in CUDA ones, so
+    the plugin's references into c10::cuda stay undefined and it cannot load into a CPU torch."""
+    import torch
+    from torch.utils import cpp_extension
+
+    if torch.version.cuda is not None:
+        return cpp_extension.CUDAExtension
+    cuda_home = os.environ.get("BYTEPS_CUDA_HOME") or "/usr/local/cuda"
+    macros_dir = os.path.join(HERE, "thc_cpu_torch_cuda")
+    rel, text = CPU_TORCH_CUDA_MACROS
+    os.makedirs(os.path.dirname(os.path.join(macros_dir, rel)), exist_ok=True)
+    with open(os.path.join(macros_dir, rel), "w") as f:
+        f.write(text)
+
+    def extension(name, sources, *args, **kwargs):
+        kwargs["include_dirs"] = list(kwargs.get("include_dirs") or []) + [
+            os.path.join(cuda_home, "include"), macros_dir]
+        kwargs["library_dirs"] = list(kwargs.get("library_dirs") or []) + [
+            os.path.join(cuda_home, "lib64")]
+        return cpp_extension.CppExtension(name, sources, *args, **kwargs)
+
+    return extension
 
 
 def _added_files():
