@@ -71,7 +71,11 @@ void Report(State& g, const Node& left, int ahead, uint64_t key, uint64_t n, uin
   m.meta.control.node.push_back(left);
   m.meta.body = os.str();
   m.meta.timestamp = Postoffice::Get()->van()->GetTimestamp();
-  if (Postoffice::Get()->van()->Send(m) < 0) LOG(WARNING) << "could not tell the scheduler";
+  try {  // Van::Send throws where ZeroMQ refuses: this server's caller must not see it
+    Postoffice::Get()->van()->Send(m);
+  } catch (const std::exception& e) {
+    LOG(WARNING) << "ps-lite: could not tell the scheduler: " << e.what();
+  }
 }
 
 // A node that leaves before the cluster formed: tells the scheduler (once its own registration
@@ -133,9 +137,12 @@ void OnBarrier(const Message& msg) {
     m.meta.control.cmd = Control::DEPARTED;
     m.meta.control.node.push_back(left);
     m.meta.timestamp = van->GetTimestamp();
-    if (van->Send(m) < 0)
+    try {  // Van::Send throws where ZeroMQ refuses (a server already gone): not the scheduler's end
+      van->Send(m);
+    } catch (const std::exception& e) {
       LOG(WARNING) << "ps-lite: could not tell server " << id << " that " << DescribeNode(left)
-                   << " left";
+                   << " left: " << e.what();
+    }
   }
 }
 
