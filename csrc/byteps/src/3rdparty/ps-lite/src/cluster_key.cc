@@ -208,11 +208,7 @@ void Probe(std::string endpoint) {
   const std::string inproc = "inproc://byteps-thc-cluster-key-probe";
   bool ok = dealer && zmq_setsockopt(dealer, ZMQ_LINGER, &linger, sizeof(linger)) == 0 &&
             zmq_setsockopt(dealer, ZMQ_RECONNECT_IVL, &ivl, sizeof(ivl)) == 0;
-  if (ok && g.enabled) {
-    ok = zmq_setsockopt(dealer, ZMQ_CURVE_SERVERKEY, g.pub, kKeyBytes) == 0 &&
-         zmq_setsockopt(dealer, ZMQ_CURVE_PUBLICKEY, g.pub, kKeyBytes) == 0 &&
-         zmq_setsockopt(dealer, ZMQ_CURVE_SECRETKEY, g.secret, kKeyBytes) == 0;
-  }
+  if (ok) Sender(dealer);  // this node's mechanism (cluster_key.h), as ps-lite's senders have it
   ok = ok && zmq_socket_monitor(dealer, inproc.c_str(), ZMQ_EVENT_ALL) == 0;
   if (ok) {
     monitor = zmq_socket(ctx, ZMQ_PAIR);
