@@ -4,7 +4,9 @@ on separate machines, with the real BytePS scheduler, server and workers on 127.
 - a server or a worker SIGKILLed mid-training: every other process exits non-zero, the workers
   naming the dead node (role, id, address), found by ps-lite's heartbeats; a server whose
   heartbeats never reach the scheduler (here: turned off on it, as when it dies before its first
-  one arrives) is found all the same, counted from the moment the cluster formed;
+  one arrives) is found all the same, counted from the moment the cluster formed; a worker
+  killed while its pull waits: the server drops the reply it cannot route, and lives on to end
+  with the others;
 - a worker that sleeps inside training: the server names the missing worker, fails the round
   after BYTEPS_THC_STALL_TIMEOUT, and every process exits non-zero; nothing is left behind;
 - a worker whose script ends early (it returned, or raised): the others end at once, naming it;
@@ -261,6 +263,38 @@ def test_worker_killed_fails_the_other_worker_and_the_server(tmp_path, role_clus
         text = c.text(n)
         assert dead in text and _address(c.wports[1]) in text, (n, text[-3000:])
     assert "RuntimeError" in c.text("worker 0")
+    assert c.stop() == [] and shm_of_cluster(c.port) == []
+
+
+def test_server_replying_to_a_dead_worker_drops_the_reply(tmp_path, role_cluster):
+    """Worker 1 dies while its pull waits on the server for worker 0's push; then worker 0
+    pushes and the server replies to both. The reply to worker 1 cannot be routed (ZeroMQ:
+    EHOSTUNREACH), which aborted the server (status 134) before the heartbeats named the dead
+    worker (seen in CI). The server now drops that reply, says so, and ends as for any dead
+    worker. The flag file orders the steps: worker 0 pushes only once worker 1 is gone."""
+    flag = tmp_path / "go"
+    c = role_cluster(train_script(tmp_path, f"""
+        if rank == 0 and step == 10:
+            print("worker 0 waits", flush=True)
+            while not os.path.exists({str(flag)!r}):
+                time.sleep(0.05)
+    """))
+    # worker 1 printed step 10 (worker 0's step-10 pushes were out), then pushed step 11 and
+    # asked for its sum, which waits for worker 0
+    c.wait_for(["worker 0"], "worker 0 waits", timeout=240)
+    c.wait_for(["worker 1"], "step 10", timeout=60)
+    time.sleep(2)
+    killed = c.kill_role("worker 1")
+    time.sleep(1)  # the server's ZeroMQ sees the connection close
+    flag.write_text("")
+    codes = c.wait_all(["worker 0", "server", "scheduler"], EXIT_BOUND, since=killed)
+    server = c.text("server")
+    assert "a reply to worker 1 (ps-lite node " in server and "was dropped" in server, \
+        server[-3000:]
+    assert codes["server"] == 1 and codes["worker 0"] != 0 and codes["scheduler"] != 0, \
+        (codes, c.all_text())
+    for n in ("worker 0", "server", "scheduler"):
+        assert "worker 1 (ps-lite node " in c.text(n), (n, c.text(n)[-3000:])
     assert c.stop() == [] and shm_of_cluster(c.port) == []
 
 
