@@ -41,7 +41,8 @@ import sys
 import tempfile
 
 from benchmarks import gloo_ranks
-from harness.netem import CleanupOnSignal, EmulatedNetwork, available, cleanup_stale, measure_tcp
+from benchmarks.runs import load_records
+from harness.netem import CleanupOnSignal, EmulatedNetwork, cleanup_stale, measure_tcp
 
 HOOKS = ("plain", "fp16", "powersgd", "powersgd-async", "thc", "thc-block16", "byteps-thc")
 DDP_HOOKS = HOOKS[:-1]
@@ -92,15 +93,7 @@ def worker(a) -> int:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     shapes = models.model_shapes(a.model)
-    class Replay(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.ps = torch.nn.ParameterList([torch.nn.Parameter(torch.zeros(s)) for s in shapes])
-
-        def forward(self, gs):  # the gradient of p_i is g_i
-            return sum((p * g).sum() for p, g in zip(self.ps, gs))
-
-    net = Replay()
+    net = gloo_ranks.replay_module(shapes)
     gen = torch.Generator().manual_seed(rank)
     grads = [torch.randn(s, generator=gen) * 0.01 for s in shapes]
     model = DDP(net, bucket_cap_mb=25)
@@ -214,17 +207,11 @@ def plot(records, outdir, name="bench_ddp.png"):
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--models", default="resnet50,bert-base,vgg16")
-    ap.add_argument("--bandwidths", default="1,10,25", help="Gbit/s per link")
+    gloo_ranks.add_arguments(
+        ap, models="resnet50,bert-base,vgg16", bandwidths="1,10,25", warmup=3,
+        warmup_help="PowerSGD compresses from step 2",
+        timeout_help="seconds per run (powerSGD_hook on gloo has hung here: docs/RESULTS.md)")
     ap.add_argument("--hooks", default=",".join(HOOKS))
-    ap.add_argument("--ranks", type=int, default=2)
-    ap.add_argument("--steps", type=int, default=5)
-    ap.add_argument("--warmup", type=int, default=3, help="PowerSGD compresses from step 2")
-    ap.add_argument("--run-timeout", type=float, default=300.0,
-                    help="seconds per run (powerSGD_hook on gloo has hung here: docs/RESULTS.md)")
-    ap.add_argument("--json", metavar="PATH", help="write the records here")
-    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--model", help=argparse.SUPPRESS)
     ap.add_argument("--hook", choices=DDP_HOOKS, help=argparse.SUPPRESS)
     ap.add_argument("--plot", metavar="DIR", help="write bench_ddp.png here")
     ap.add_argument("--from-json", metavar="PATHS",
@@ -237,18 +224,11 @@ def main(argv=None) -> int:
     if a.worker:
         return worker(a)
     if a.from_json:
-        records = []
-        for path in a.from_json.split(","):
-            with open(path) as f:
-                records += json.load(f)
+        records = load_records(a.from_json)
         print(table(records))
         if a.plot:
             print(plot(records, a.plot))
         return 0
-    why = available()
-    if why:
-        print(f"bench_ddp: {why}", file=sys.stderr)
-        return 2
     hooks = gloo_ranks.pick("bench_ddp", "hooks", a.hooks, HOOKS)
     if hooks is None:
         return 2

@@ -28,7 +28,7 @@ import os
 import sys
 
 from benchmarks import gloo_ranks
-from harness.netem import CleanupOnSignal, EmulatedNetwork, available, cleanup_stale
+from harness.netem import CleanupOnSignal, EmulatedNetwork, cleanup_stale
 
 SYSTEMS = ("fp32", "bf16", "thc")
 TAG = "FSDPRESULT "
@@ -64,18 +64,10 @@ def worker(a) -> int:
     rank = dist.get_rank()
     groups = groups_of(models.model_shapes(a.model), a.group_mb)
 
-    class Group(torch.nn.Module):
-        def __init__(self, shapes):
-            super().__init__()
-            self.ps = torch.nn.ParameterList([torch.nn.Parameter(torch.zeros(s)) for s in shapes])
-
-        def forward(self, gs):  # the gradient of p_i is g_i
-            return sum((p * g).sum() for p, g in zip(self.ps, gs))
-
     class Replay(torch.nn.Module):
         def __init__(self):
             super().__init__()
-            self.groups = torch.nn.ModuleList([Group(s) for s in groups])
+            self.groups = torch.nn.ModuleList([gloo_ranks.replay_module(s) for s in groups])
 
         def forward(self, gss):
             return sum(g(gs) for g, gs in zip(self.groups, gss))
@@ -134,17 +126,9 @@ def table(records):
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--models", default="resnet50")
-    ap.add_argument("--bandwidths", default="1", help="Gbit/s per link")
+    gloo_ranks.add_arguments(ap, models="resnet50", bandwidths="1", warmup=2)
     ap.add_argument("--systems", default=",".join(SYSTEMS))
-    ap.add_argument("--ranks", type=int, default=2)
-    ap.add_argument("--steps", type=int, default=5)
-    ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--group-mb", type=float, default=25.0)
-    ap.add_argument("--run-timeout", type=float, default=300.0)
-    ap.add_argument("--json", metavar="PATH", help="write the records here")
-    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--model", help=argparse.SUPPRESS)
     ap.add_argument("--system", choices=SYSTEMS, help=argparse.SUPPRESS)
     return ap.parse_args(argv)
 
@@ -153,10 +137,6 @@ def main(argv=None) -> int:
     a = parse_args(argv)
     if a.worker:
         return worker(a)
-    why = available()
-    if why:
-        print(f"bench_fsdp: {why}", file=sys.stderr)
-        return 2
     systems = gloo_ranks.pick("bench_fsdp", "systems", a.systems, SYSTEMS)
     if systems is None:
         return 2

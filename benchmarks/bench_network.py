@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import math
 import os
 import re
@@ -55,13 +54,21 @@ import tempfile
 import time
 from typing import Dict, List, Optional, Sequence
 
+from benchmarks.runs import (
+    Matrix,
+    add_matrix_arguments,
+    failure,
+    load_records,
+    parser,
+    save_records,
+)
 from byteps_thc.advisor import host, models, predict, replay, wire
 from byteps_thc.advisor.costs import load_costs
 from byteps_thc.advisor.wire import launcher_flags
 from byteps_thc.env import CLUSTER_KEY
 from byteps_thc.launch import fork_missing, new_key, server_argv
 from byteps_thc.launch.supervisor import ProcSpec, Supervisor, cpu_seconds, describe_exit
-from harness.netem import CleanupOnSignal, EmulatedNetwork, available, cleanup_stale, measure_tcp
+from harness.netem import EmulatedNetwork, available, measure_tcp
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -369,8 +376,8 @@ def table(records: Sequence[dict]) -> str:
             continue
         bw = f"{r['bandwidth_gbit']:g} ({r['link_gbit_measured']:.2f})"
         if r["status"] != "ok":
-            lines.append(f"| {r['workload']} | {bw} | {r['compressor']} | {r['status']}: "
-                         f"{r.get('error', '')[:80]} | | | | |")
+            lines.append(f"| {r['workload']} | {bw} | {r['compressor']} | {failure(r)} "
+                         "| | | | |")
             continue
         cpu = r.get("server_cpu_s_per_step")
         lines.append(
@@ -386,7 +393,7 @@ def table(records: Sequence[dict]) -> str:
         for r in train:
             if r["status"] != "ok":
                 lines.append(f"| digits | {r['bandwidth_gbit']:g} | {r['compressor']} | "
-                             f"{r['status']}: {r.get('error', '')[:80]} | | | |")
+                             f"{failure(r)} | | | |")
                 continue
             ttt = r.get("time_to_target_s")
             lines.append(f"| digits | {r['bandwidth_gbit']:g} | {r['compressor']} | "
@@ -534,9 +541,8 @@ def report(records: List[dict], a: argparse.Namespace) -> None:
     if a.plot and records:
         for p in plot(records, a.plot):
             log(f"wrote {p}")
-    if a.json and a.from_json:
-        with open(a.json, "w") as f:
-            json.dump(records, f, indent=1)
+    if a.from_json:
+        save_records(a.json, records)
     if a.json:
         log(f"wrote {a.json} ({len(records)} records)")
 
@@ -550,9 +556,7 @@ def preflight() -> Optional[str]:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 epilog="\n\n".join(__doc__.split("\n\n")[2:]))
+    ap = parser(__doc__)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--bandwidths", default="1,10,25", help="Gbit/s per link (1,10,25)")
     ap.add_argument("--latency-ms", type=float, default=0.0,
@@ -572,19 +576,13 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="aim for this many seconds of measured steps per replay run")
     ap.add_argument("--run-timeout", type=float, default=None,
                     help="seconds before a run counts as hung (default: from the prediction)")
-    ap.add_argument("--time-budget", type=float, default=60.0,
-                    help="minutes for the whole benchmark; later runs are skipped (60)")
     ap.add_argument("--train-bandwidth", type=float, default=1.0)
     ap.add_argument("--train-epochs", type=int, default=12)
     ap.add_argument("--train-compressors", default="none,fp16,thc,thc-n",
                     help="compressors of the digits training (none,fp16,thc,thc-n)")
     ap.add_argument("--target-acc", type=float, default=0.95)
     ap.add_argument("--nice", type=int, default=5, help="niceness of the cluster's processes")
-    ap.add_argument("--subnet", default="198.18.0.0/24",
-                    help="addresses of the namespaces (inside 198.18.0.0/15)")
-    ap.add_argument("--json", metavar="PATH", help="write one record per run")
-    ap.add_argument("--plot", metavar="DIR", help="write PNG plots here")
-    ap.add_argument("--logdir", default=None, help="keep the processes' logs here")
+    add_matrix_arguments(ap, subnet="198.18.0.0/24")
     ap.add_argument("--repredict", action="store_true",
                     help="with --from-json: the advisor's predictions made anew (current model, "
                          "this host's costs)")
@@ -600,10 +598,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> int:
     a = parse_args(argv)
     if a.from_json:
-        records = []
-        for path in a.from_json.split(","):
-            with open(path) as f:
-                records += json.load(f)
+        records = load_records(a.from_json)
         if a.repredict:
             repredict(records, load_costs(a.costs) if a.costs else host.host_costs())
         report(records, a)
@@ -621,81 +616,56 @@ def main(argv=None) -> int:
     specs = [parse_spec(s, a.workers) for s in a.compressors.split(",") if s.strip()]
     train_specs = [parse_spec(s, a.workers) for s in a.train_compressors.split(",")
                    if s.strip()]
-    stale = cleanup_stale()
-    if stale:
-        log(f"removed namespaces left by killed runs: {' '.join(stale)}")
     costs = load_costs(a.costs) if a.costs else host.host_costs()
     log(f"host costs for the advisor: {costs.source}")
-    deadline = time.monotonic() + a.time_budget * 60
     logdir = a.logdir or tempfile.mkdtemp(prefix="thcbench-")
     os.makedirs(logdir, exist_ok=True)
-    records: List[dict] = []
-    skipped: List[str] = []
-
-    def save():
-        if a.json:
-            with open(a.json, "w") as f:
-                json.dump(records, f, indent=1)
-
+    matrix = Matrix(a.json, a.time_budget, log)
+    plan = []
+    for bw in bandwidths:
+        for w in workloads:
+            if w == "digits":
+                if bw == a.train_bandwidth:
+                    plan += [(bw, w, s) for s in train_specs]
+            else:
+                plan += [(bw, w, s) for s in specs]
+    if "digits" in workloads and a.train_bandwidth not in bandwidths:
+        plan += [(a.train_bandwidth, "digits", s) for s in train_specs]
     nodes = ["srv"] + [f"w{i}" for i in range(a.workers)]
-    interrupted = False
-    with CleanupOnSignal():
-        net = EmulatedNetwork(nodes, subnet=a.subnet)
-        try:
-            net.create()
-            log(f"namespaces {net.prefix}-{{hub,{','.join(nodes)}}} on {a.subnet}; "
-                f"logs in {logdir}")
-            plan = []
-            for bw in bandwidths:
-                for w in workloads:
-                    if w == "digits":
-                        if bw == a.train_bandwidth:
-                            plan += [(bw, w, s) for s in train_specs]
-                    else:
-                        plan += [(bw, w, s) for s in specs]
-            if "digits" in workloads and a.train_bandwidth not in bandwidths:
-                plan += [(a.train_bandwidth, "digits", s) for s in train_specs]
-            link: Dict[float, float] = {}
-            for i, (bw, w, spec) in enumerate(plan):
-                if time.monotonic() > deadline:
-                    skipped.append(f"{w}@{bw:g}/{spec.label}")
-                    continue
-                if net.rate_gbit != bw:
-                    net.set_rate(bw, a.latency_ms)
-                if bw not in link:
-                    link[bw] = measure_tcp(net, "w0", "srv", seconds=1.5)
-                    log(f"links at {bw:g} Gbit/s (tbf): "
-                        f"one TCP stream carries {link[bw]:.2f} Gbit/s")
-                log(f"run {i + 1}/{len(plan)}: {w} {spec.label} at {bw:g} Gbit/s")
-                if w == "digits":
-                    rec = run_training(net, a, spec, bw, link[bw], logdir)
-                    if rec["status"] == "ok":
-                        log(f"  accuracy {rec['accuracy']:.4f}, {rec['step_time_s'] * 1e3:.0f} "
-                            f"ms/step, time to {a.target_acc:g}: {rec['time_to_target_s']}")
-                else:
-                    rec = run_replay(net, a, w, spec, bw, link[bw], costs, logdir)
-                    if rec["status"] == "ok":
-                        log(f"  step {rec['step_time_s'] * 1e3:.0f} ms (p90 "
-                            f"{rec['step_time_p90_s'] * 1e3:.0f}), wire "
-                            f"{rec['wire_bytes_per_step'] / 1e6:.1f} MB/step, server CPU "
-                            f"{(rec['server_cpu_s_per_step'] or 0) * 1e3:.0f} ms/step, CPU a "
-                            f"worker {rec['worker_cpu_s_per_step'] * 1e3:.0f} ms/step; advisor "
-                            f"{rec['predicted_step_time_s'] * 1e3:.0f} ms "
-                            f"({rec['prediction_error']:+.0%})")
-                if rec["status"] != "ok":
-                    log(f"  {rec['status']}: {rec.get('error', '')[:300]}")
-                records.append(rec)
-                save()
-        except KeyboardInterrupt as e:
-            interrupted = True
-            log(f"interrupted ({e or 'SIGINT'}): cleaning up")
-        finally:
-            net.destroy()
-            log("namespaces removed")
-    save()
-    if skipped:
-        log(f"time budget spent: skipped {len(skipped)} runs: {', '.join(skipped)}")
-    report(records, a)
+
+    def runs(net: EmulatedNetwork) -> None:
+        log(f"namespaces {net.prefix}-{{hub,{','.join(nodes)}}} on {a.subnet}; logs in {logdir}")
+        link: Dict[float, float] = {}
+        for i, (bw, w, spec) in enumerate(plan):
+            if not matrix.due(f"{w}@{bw:g}/{spec.label}"):
+                continue
+            if net.rate_gbit != bw:
+                net.set_rate(bw, a.latency_ms)
+            if bw not in link:
+                link[bw] = measure_tcp(net, "w0", "srv", seconds=1.5)
+                log(f"links at {bw:g} Gbit/s (tbf): one TCP stream carries {link[bw]:.2f} Gbit/s")
+            log(f"run {i + 1}/{len(plan)}: {w} {spec.label} at {bw:g} Gbit/s")
+            if w == "digits":
+                rec = run_training(net, a, spec, bw, link[bw], logdir)
+                if rec["status"] == "ok":
+                    log(f"  accuracy {rec['accuracy']:.4f}, {rec['step_time_s'] * 1e3:.0f} "
+                        f"ms/step, time to {a.target_acc:g}: {rec['time_to_target_s']}")
+            else:
+                rec = run_replay(net, a, w, spec, bw, link[bw], costs, logdir)
+                if rec["status"] == "ok":
+                    log(f"  step {rec['step_time_s'] * 1e3:.0f} ms (p90 "
+                        f"{rec['step_time_p90_s'] * 1e3:.0f}), wire "
+                        f"{rec['wire_bytes_per_step'] / 1e6:.1f} MB/step, server CPU "
+                        f"{(rec['server_cpu_s_per_step'] or 0) * 1e3:.0f} ms/step, CPU a "
+                        f"worker {rec['worker_cpu_s_per_step'] * 1e3:.0f} ms/step; advisor "
+                        f"{rec['predicted_step_time_s'] * 1e3:.0f} ms "
+                        f"({rec['prediction_error']:+.0%})")
+            if rec["status"] != "ok":
+                log(f"  {rec['status']}: {rec.get('error', '')[:300]}")
+            matrix.add(rec)
+
+    interrupted = matrix.run(nodes, a.subnet, runs)
+    report(matrix.records, a)
     return 130 if interrupted else 0
 
 

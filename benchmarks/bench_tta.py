@@ -50,12 +50,13 @@ import statistics
 import sys
 import tempfile
 import time
-from typing import Dict, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
 from benchmarks import bench_ddp, bench_network, gloo_ranks, stdlib_lm
+from benchmarks.runs import Matrix, add_matrix_arguments, failure, load_records, parser
 from byteps_thc.advisor import wire
 from byteps_thc.launch import fork_missing
-from harness.netem import CleanupOnSignal, EmulatedNetwork, available, cleanup_stale, measure_tcp
+from harness.netem import EmulatedNetwork, available, measure_tcp
 
 TAG = "TTA_RESULT "
 DDP_PORT = 29500
@@ -283,8 +284,7 @@ def table(records: List[dict]) -> str:
         load = "-".join(f"{x:.1f}" for x in r.get("loadavg", []))
         head = f"| {r['workers']} | {r['bandwidth_gbit']:g} | {r['compressor']} |"
         if r["status"] != "ok":
-            lines.append(f"{head} {r['status']}: {str(r.get('error', ''))[:80]} "
-                         f"| | | | | | {load} |")
+            lines.append(f"{head} {failure(r)} | | | | | | {load} |")
             continue
         t = r.get("time_to_target_s")
         tt = "not reached" if t is None else f"{t:.1f} s ({r['steps_to_target']})"
@@ -351,9 +351,7 @@ def plot(records: List[dict], outdir: str) -> List[str]:
 # Main
 # ------------------------------------------------------------------------------------------------
 def parse_args(argv=None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 epilog="\n\n".join(__doc__.split("\n\n")[2:]))
+    ap = parser(__doc__)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--bandwidths", default="1,10", help="Gbit/s per link (1,10)")
     ap.add_argument("--compressors", default=DEFAULT_COMPRESSORS,
@@ -372,13 +370,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--target", type=float, default=None,
                     help="held-out loss to reach (default: the fp32 run's final + 1%%)")
     ap.add_argument("--run-timeout", type=float, default=900.0, help="seconds per run")
-    ap.add_argument("--time-budget", type=float, default=60.0,
-                    help="minutes for the whole benchmark; later runs are skipped (60)")
-    ap.add_argument("--subnet", default="198.18.1.0/24",
-                    help="addresses of the namespaces (inside 198.18.0.0/15)")
-    ap.add_argument("--json", metavar="PATH", help="write one record per run")
-    ap.add_argument("--plot", metavar="DIR", help="write PNG plots here")
-    ap.add_argument("--logdir", default=None, help="keep the processes' logs here")
+    add_matrix_arguments(ap, subnet="198.18.1.0/24")
     ap.add_argument("--from-json", metavar="PATHS",
                     help="run nothing: the table and --plot of these records (comma-separated)")
     ap.add_argument("--worker", choices=("byteps", "ddp"), help=argparse.SUPPRESS)
@@ -408,10 +400,7 @@ def main(argv=None) -> int:
     if a.worker == "ddp":
         return worker_ddp(a)
     if a.from_json:
-        records = []
-        for path in a.from_json.split(","):
-            with open(path) as f:
-                records += json.load(f)
+        records = load_records(a.from_json)
         apply_targets(records, a.target)
         report(records, a)
         return 0
@@ -430,60 +419,39 @@ def main(argv=None) -> int:
     if why:
         print(f"bench_tta: cannot run: {why}", file=sys.stderr)
         return 2
-    stale = cleanup_stale()
-    if stale:
-        log(f"removed namespaces left by killed runs: {' '.join(stale)}")
-    deadline = time.monotonic() + a.time_budget * 60
     logdir = a.logdir or tempfile.mkdtemp(prefix="thctta-")
     os.makedirs(logdir, exist_ok=True)
-    records: List[dict] = []
-    skipped: List[str] = []
-    link: Dict[float, float] = {}
-    interrupted = False
-    with CleanupOnSignal():
-        net = EmulatedNetwork(["srv"] + [f"w{i}" for i in range(a.workers)], subnet=a.subnet)
-        try:
-            net.create()
-            log(f"namespaces {net.prefix}-*, logs in {logdir}")
-            for bw in bandwidths:
-                net.set_rate(bw)
-                link[bw] = measure_tcp(net, "w0", "srv", seconds=1.5)
-                log(f"links at {bw:g} Gbit/s (tbf): one TCP stream carries {link[bw]:.2f}")
-                for label, spec in rows:
-                    if time.monotonic() > deadline:
-                        skipped.append(f"{label}@{bw:g}")
-                        continue
-                    log(f"{label} at {bw:g} Gbit/s, {a.workers} workers, {a.steps} steps "
-                        f"(load {os.getloadavg()[0]:.1f})")
-                    if isinstance(spec, str):
-                        rec = run_ddp(net, a, label, spec, bw, link[bw])
-                    else:
-                        rec = run_byteps(net, a, label, spec, bw, link[bw], logdir)
-                    records.append(rec)
-                    apply_targets(records, a.target)
-                    if rec["status"] == "ok":
-                        log(f"  {rec['step_s'] * 1e3:.0f} ms/step, "
-                            f"{rec['bytes_per_step'] / 1e6:.2f} MB/step, val loss "
-                            f"{rec['initial_val_loss']:.3f} -> {rec['final_val_loss']:.4f}, "
-                            f"time to target {rec['time_to_target_s']}")
-                    else:
-                        log(f"  {rec['status']}: {str(rec.get('error', ''))[:300]}")
-                    if a.json:
-                        with open(a.json, "w") as f:
-                            json.dump(records, f, indent=1)
-        except KeyboardInterrupt as e:
-            interrupted = True
-            log(f"interrupted ({e or 'SIGINT'}): cleaning up")
-        finally:
-            net.destroy()
-    apply_targets(records, a.target)
+    matrix = Matrix(a.json, a.time_budget, log, lambda records: apply_targets(records, a.target))
+
+    def runs(net: EmulatedNetwork) -> None:
+        log(f"namespaces {net.prefix}-*, logs in {logdir}")
+        for bw in bandwidths:
+            net.set_rate(bw)
+            link = measure_tcp(net, "w0", "srv", seconds=1.5)
+            log(f"links at {bw:g} Gbit/s (tbf): one TCP stream carries {link:.2f}")
+            for label, spec in rows:
+                if not matrix.due(f"{label}@{bw:g}"):
+                    continue
+                log(f"{label} at {bw:g} Gbit/s, {a.workers} workers, {a.steps} steps "
+                    f"(load {os.getloadavg()[0]:.1f})")
+                if isinstance(spec, str):
+                    rec = run_ddp(net, a, label, spec, bw, link)
+                else:
+                    rec = run_byteps(net, a, label, spec, bw, link, logdir)
+                matrix.add(rec)
+                if rec["status"] == "ok":
+                    log(f"  {rec['step_s'] * 1e3:.0f} ms/step, "
+                        f"{rec['bytes_per_step'] / 1e6:.2f} MB/step, val loss "
+                        f"{rec['initial_val_loss']:.3f} -> {rec['final_val_loss']:.4f}, "
+                        f"time to target {rec['time_to_target_s']}")
+                else:
+                    log(f"  {rec['status']}: {str(rec.get('error', ''))[:300]}")
+
+    nodes = ["srv"] + [f"w{i}" for i in range(a.workers)]
+    interrupted = matrix.run(nodes, a.subnet, runs)
     if a.json:
-        with open(a.json, "w") as f:
-            json.dump(records, f, indent=1)
-        log(f"wrote {a.json} ({len(records)} records)")
-    if skipped:
-        log(f"time budget spent: skipped {', '.join(skipped)}")
-    report(records, a)
+        log(f"wrote {a.json} ({len(matrix.records)} records)")
+    report(matrix.records, a)
     return 130 if interrupted else 0
 
 

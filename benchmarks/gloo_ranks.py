@@ -4,13 +4,16 @@ Supervisor, and a rank's timed steps with the bytes its eth0 carried.
 
 A rank prints one line, TAG + JSON, on rank 0; `run_ranks` reads it back into the run's record.
 """
+import argparse
 import json
 import os
 import statistics
 import sys
 import time
 
+from benchmarks.runs import save_records
 from byteps_thc.launch.supervisor import ProcSpec, Supervisor
+from harness.netem import available
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -19,6 +22,37 @@ def eth0(stat):
     """A counter of this namespace's eth0 (/sys/class/net/eth0/statistics/STAT)."""
     with open(f"/sys/class/net/eth0/statistics/{stat}") as f:
         return int(f.read())
+
+
+def add_arguments(ap, models, bandwidths, warmup, warmup_help=None, timeout_help=None):
+    """The arguments every gloo benchmark takes: the matrix (--models, --bandwidths: defaults
+    `models`, `bandwidths`), --ranks, --steps, --warmup, --run-timeout, --json, and a rank's own
+    (--worker, --model: hidden)."""
+    ap.add_argument("--models", default=models)
+    ap.add_argument("--bandwidths", default=bandwidths, help="Gbit/s per link")
+    ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=warmup, help=warmup_help)
+    ap.add_argument("--run-timeout", type=float, default=300.0, help=timeout_help)
+    ap.add_argument("--json", metavar="PATH", help="write the records here")
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--model", help=argparse.SUPPRESS)
+
+
+def replay_module(shapes):
+    """A torch module of zero parameters of `shapes` whose forward(gs) is sum_i <p_i, g_i>, so
+    that the gradient of p_i is g_i: a model's communication without its compute."""
+    import torch
+
+    class Replay(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ps = torch.nn.ParameterList([torch.nn.Parameter(torch.zeros(s)) for s in shapes])
+
+        def forward(self, gs):
+            return sum((p * g).sum() for p, g in zip(self.ps, gs))
+
+    return Replay()
 
 
 def timed_steps(step, warmup, steps):
@@ -72,7 +106,12 @@ def run_ranks(net, ranks, argv, port, tag, timeout, rec, name):
 
 
 def pick(tool, what, given, known):
-    """The comma-separated names `given` as a list, or None after saying which are not `known`."""
+    """The comma-separated names `given` as a list, or None after saying why the benchmark cannot
+    run: this host cannot build the emulated network, or some names are not `known`."""
+    why = available()
+    if why:
+        print(f"{tool}: {why}", file=sys.stderr)
+        return None
     names = given.split(",")
     bad = [n for n in names if n not in known]
     if bad:
@@ -86,6 +125,4 @@ def keep(records, rec, path):
     an interrupted matrix keeps what it measured."""
     print(json.dumps(rec), flush=True)
     records.append(rec)
-    if path:
-        with open(path, "w") as f:
-            json.dump(records, f, indent=1)
+    save_records(path, records)
