@@ -533,6 +533,14 @@ def test_aggregate_errors():
 
 
 # -- decode --------------------------------------------------------------------------------------
+def _random_sums(cfg, d, n):
+    """What n workers' payloads of a d-vector can sum to: every padded lane in [0, n * G], in the
+    lane type of n workers (seeded by d and n)."""
+    rng = np.random.default_rng(d + n)
+    return rng.integers(0, n * cfg.granularity + 1,
+                        R.geometry(cfg, d).padded).astype(R.lane_dtype(cfg, n))
+
+
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("d,block", [(1, None), (3, None), (1000, None), (1000, 256),
                                      ((1 << 20) + 5, 1024), ((1 << 17) + 5, None), (40000, None),
@@ -541,9 +549,7 @@ def test_aggregate_errors():
 def test_decode_bit_exact(isa, d, block, n, g):
     assert _C.force_isa(isa)
     cfg = ThcConfig(granularity=g, rotation_block=block)
-    geo = R.geometry(cfg, d)
-    rng = np.random.default_rng(d + n)
-    sums = rng.integers(0, n * g + 1, geo.padded).astype(R.lane_dtype(cfg, n))
+    sums = _random_sums(cfg, d, n)
     for m in (3.5, 1e-3):
         got = _C.decode(core(cfg), d, sums, n, m)
         want = R.decode(cfg, sums, d, n, m)
@@ -653,9 +659,7 @@ def test_publish_equals_reference_and_round_trips(n, g, count):
 def test_decode_published_bit_exact(isa, d, block, n, g):
     assert _C.force_isa(isa)
     cfg = ThcConfig(granularity=g, rotation_block=block)
-    geo = R.geometry(cfg, d)
-    rng = np.random.default_rng(d + n)
-    sums = rng.integers(0, n * g + 1, geo.padded).astype(R.lane_dtype(cfg, n))
+    sums = _random_sums(cfg, d, n)
     packed = R.publish(cfg, sums, d, n)
     for m in (3.5, 1e-3):
         got = _C.decode_published(core(cfg), d, packed, n, m)
