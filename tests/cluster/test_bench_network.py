@@ -9,14 +9,13 @@ import io
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 
 import pytest
 
 from byteps_thc.launch.supervisor import ProcSpec, Supervisor
-from harness import netem
+from harness import netem, supervised
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BENCH = os.path.join(ROOT, "benchmarks", "bench_network.py")
@@ -86,23 +85,19 @@ def test_killed_run_leaves_nothing_after_cleanup_stale():
 
 
 def _bench_tiny(tmp_path, compressors, *extra):
-    """One run of the benchmark on the tiny model at 1 Gbit/s, 2 steps; (its output, p)."""
-    p = subprocess.Popen(
+    """One run of the benchmark on the tiny model at 1 Gbit/s, 2 steps; (its output, its pid).
+    Past 110 s it is stopped with SIGTERM, on which the script removes its namespaces."""
+    run = supervised.run(
         [sys.executable, BENCH, "--workloads", "tiny", "--bandwidths", "1", "--compressors",
          compressors, "--steps", "2", "--min-steps", "2", "--warmup", "1", "--time-budget", "1.5",
          "--run-timeout", "45", "--json", str(tmp_path / "r.json"),
          "--logdir", str(tmp_path / "logs"), *extra,
          # the committed costs: a host's first own calibration takes minutes (not this test's)
          "--costs", os.path.join(ROOT, "tests", "data", "advise-costs-median3.json")],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        text, _ = p.communicate(timeout=110)
-    except subprocess.TimeoutExpired:
-        p.terminate()           # the script removes its namespaces on SIGTERM
-        text, _ = p.communicate(timeout=20)
-        pytest.fail("benchmark smoke run took over 110 s:\n" + text[-3000:])
-    assert p.returncode == 0, text[-3000:]
-    return text, p
+        cwd=ROOT, timeout=110, kill_timeout=20, name="bench_network")
+    assert not run.timed_out, "benchmark smoke run took over 110 s:\n" + run.output[-3000:]
+    assert run.code == 0, run.output[-3000:]
+    return run.output, run.pid
 
 
 @needs_net
@@ -110,7 +105,7 @@ def _bench_tiny(tmp_path, compressors, *extra):
 def test_bench_smoke_tiny_model_two_compressors(tmp_path):
     out = tmp_path / "r.json"
     t0 = time.monotonic()
-    text, p = _bench_tiny(tmp_path, "none,thc", "--plot", str(tmp_path / "img"))
+    text, pid = _bench_tiny(tmp_path, "none,thc", "--plot", str(tmp_path / "img"))
     assert time.monotonic() - t0 < 115
     records = json.loads(out.read_text())
     by = {r["compressor"]: r for r in records}
@@ -125,7 +120,7 @@ def test_bench_smoke_tiny_model_two_compressors(tmp_path):
     # THC moves far fewer bytes (4 bits up, 8 down, against 32 + 32; small tensors stay fp32)
     assert by["thc"]["wire_bytes_per_step"] < 0.4 * by["none"]["wire_bytes_per_step"]
     assert (tmp_path / "img" / "bench_step_time.png").exists()
-    assert _namespaces(f"thcb{p.pid}-") == []
+    assert _namespaces(f"thcb{pid}-") == []
 
 
 def test_ncf_replay_is_priced_with_its_tables_density():
@@ -142,7 +137,7 @@ def test_ncf_replay_is_priced_with_its_tables_density():
 @pytest.mark.needs_fork
 def test_bench_smoke_tiny_model_lhc_topk(tmp_path):
     out = tmp_path / "r.json"
-    text, p = _bench_tiny(tmp_path, "none,lhc-topk-0.01")
+    text, pid = _bench_tiny(tmp_path, "none,lhc-topk-0.01")
     by = {r["compressor"]: r for r in json.loads(out.read_text())}
     assert set(by) == {"none", "lhc-topk-0.01"}, text[-3000:]
     for r in by.values():
@@ -163,4 +158,4 @@ def test_bench_smoke_tiny_model_lhc_topk(tmp_path):
     # round (the uncompressed run carries its float32 bytes the same way)
     got = by["lhc-topk-0.01"]["wire_bytes_per_step"] / by["none"]["wire_bytes_per_step"]
     assert got < 1.1 * (lhc + small) / (4 * sum(parts) + small), got
-    assert _namespaces(f"thcb{p.pid}-") == []
+    assert _namespaces(f"thcb{pid}-") == []

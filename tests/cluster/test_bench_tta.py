@@ -9,13 +9,12 @@ values, the target rule applied by hand to the fp32 record.
 import json
 import math
 import os
-import subprocess
 import sys
 import time
 
 import pytest
 
-from harness import netem
+from harness import netem, supervised
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BENCH = os.path.join(ROOT, "benchmarks", "bench_tta.py")
@@ -42,15 +41,11 @@ def test_bench_tta_smoke_three_compressors(tmp_path):
             str(HEADS), "--seq", str(SEQ), "--run-timeout", "50", "--json", str(out),
             "--plot", str(tmp_path / "img"), "--logdir", str(tmp_path / "logs")]
     t0 = time.monotonic()
-    p = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                         text=True)
-    try:
-        text, _ = p.communicate(timeout=150)
-    except subprocess.TimeoutExpired:
-        p.terminate()       # the script removes its namespaces on SIGTERM
-        text, _ = p.communicate(timeout=20)
-        pytest.fail("smoke run took over 150 s:\n" + text[-3000:])
-    assert p.returncode == 0, text[-3000:]
+    # past 150 s: SIGTERM, on which the script removes its namespaces
+    run = supervised.run(argv, cwd=ROOT, timeout=150, kill_timeout=20, name="bench_tta")
+    text = run.output
+    assert not run.timed_out, "smoke run took over 150 s:\n" + text[-3000:]
+    assert run.code == 0, text[-3000:]
     took = time.monotonic() - t0
     records = json.loads(out.read_text())
     by = {r["compressor"]: r for r in records}
@@ -87,4 +82,4 @@ def test_bench_tta_smoke_three_compressors(tmp_path):
         assert r["time_to_target_s"] == (hit[0][0] if hit else None)
     assert by["none"]["time_to_target_s"] is not None
     assert (tmp_path / "img" / "bench_tta_w2_1gbit.png").exists()
-    assert [n for n in netem.list_namespaces() if n.startswith(f"thcb{p.pid}-")] == []
+    assert [n for n in netem.list_namespaces() if n.startswith(f"thcb{run.pid}-")] == []
