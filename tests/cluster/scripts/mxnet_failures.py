@@ -6,9 +6,9 @@ from DistributedTrainer.step, and the process goes on.
 Writes OUT_DIR/<style>_<rank>.txt with the exception's class and message for style in push_pull,
 trainer; prints the result of an uncompressed push_pull made after both.
 """
-import os
 import sys
 
+import failures  # tests/cluster/scripts/failures.py
 import mxnet as mx
 from mxnet import autograd, gluon
 
@@ -17,19 +17,8 @@ from byteps.mxnet.ops import byteps_declare_tensor, byteps_push_pull
 
 bps.init()
 rank = bps.rank()
-out_dir = sys.argv[1]
 thc = bps.Compression.thc(bits=4 if rank == 0 else 3)
-
-
-def caught(style, body):
-    """Runs body(); its MXNetError's text goes to OUT_DIR/style_<rank>.txt; anything else fails."""
-    try:
-        body()
-    except mx.base.MXNetError as e:
-        with open(os.path.join(out_dir, f"{style}_{rank}.txt"), "w") as f:
-            f.write(f"{type(e).__name__}: {e}")
-        return True
-    return False
+caught = failures.catcher(sys.argv[1], rank, mx.base.MXNetError)
 
 
 def one_push_pull():

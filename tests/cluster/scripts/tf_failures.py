@@ -6,9 +6,9 @@ registered compressor (style badkwargs-declare, badkwargs-pushpull).
     tf_failures.py OUT_DIR
 Writes OUT_DIR/<style>_<rank>.txt with the exception's class and message for style in eager, fit.
 """
-import os
 import sys
 
+import failures  # tests/cluster/scripts/failures.py
 import keras
 import numpy as np
 import tensorflow as tf
@@ -18,18 +18,10 @@ from byteps_thc import tensorflow as bt
 
 bps.init()
 rank = bps.rank()
-out_dir = sys.argv[1]
 thc = bps.Compression.thc(bits=4 if rank == 0 else 3)
-
-
-def caught(style, body):
-    try:
-        body()
-    except (tf.errors.InvalidArgumentError, tf.errors.InternalError) as e:
-        with open(os.path.join(out_dir, f"{style}_{rank}.txt"), "w") as f:
-            f.write(f"{type(e).__name__}: {e.message}")
-        return True
-    return False
+caught = failures.catcher(sys.argv[1], rank,
+                          (tf.errors.InvalidArgumentError, tf.errors.InternalError),
+                          lambda e: e.message)
 
 
 # eager: one push_pull of a THC tensor (64 Ki floats, above BYTEPS_MIN_COMPRESS_BYTES)
