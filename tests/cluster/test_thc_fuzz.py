@@ -247,35 +247,41 @@ def test_fuzz_data_and_norm_rounds(cluster):
 
 # ---- the registration ----------------------------------------------------------------------
 GOOD = ThcConfig().to_kwargs()
+
+
+def _named(kwarg, *values):
+    """Rows whose refusal names the kwarg and the value as sent."""
+    return [(kwarg, v, f"{kwarg}={v}") for v in values]
+
+
+def _table(changed):
+    """The good thc_table with the entries `changed` ({index: text})."""
+    entries = GOOD["thc_table"].split(",")
+    for i, v in changed.items():
+        entries[i] = v
+    return ",".join(entries)
+
+
 BAD_VALUES = [  # (kwarg, value, phrase of the refusal)
-    ("thc_bits", "0", "thc_bits=0"), ("thc_bits", "9", "thc_bits=9"),
-    ("thc_bits", "-1", "thc_bits=-1"), ("thc_bits", "four", "thc_bits=four"),
-    ("thc_bits", "4.5", "thc_bits=4.5"), ("thc_bits", "18446744073709551617", "thc_bits="),
-    ("thc_granularity", "-30", "thc_granularity=-30"),
-    ("thc_granularity", "3e1", "thc_granularity=3e1"),
-    ("thc_granularity", "4294967296", "thc_granularity=4294967296"),
+    *_named("thc_bits", "0", "9", "-1", "four", "4.5"),
+    ("thc_bits", "18446744073709551617", "thc_bits="),
+    *_named("thc_granularity", "-30", "3e1", "4294967296"),
     ("thc_granularity", "14", "granularity must be in"),
     ("thc_granularity", "16777216", "granularity must be in"),
-    ("thc_clip", "nan", "thc_clip=nan"), ("thc_clip", "inf", "thc_clip=inf"),
-    ("thc_clip", "-2", "thc_clip=-2"), ("thc_clip", "0", "thc_clip=0"),
-    ("thc_clip", "1e999", "thc_clip=1e999"), ("thc_clip", "2.15x", "thc_clip=2.15x"),
+    *_named("thc_clip", "nan", "inf", "-2", "0", "1e999", "2.15x"),
     ("thc_clip", "3.0", "does not match thc_overflow_prob"),
-    ("thc_overflow_prob", "0", "thc_overflow_prob=0"),
-    ("thc_overflow_prob", "1", "thc_overflow_prob=1"),
-    ("thc_overflow_prob", "nan", "thc_overflow_prob=nan"),
-    ("thc_seed", "-1", "thc_seed=-1"), ("thc_seed", "0x2a", "thc_seed=0x2a"),
-    ("thc_seed", "99999999999999999999", "thc_seed=99999999999999999999"),
-    ("thc_rotation_block", "3", "thc_rotation_block=3"),
-    ("thc_rotation_block", "-8", "thc_rotation_block=-8"),
+    *_named("thc_overflow_prob", "0", "1", "nan"),
+    *_named("thc_seed", "-1", "0x2a", "99999999999999999999"),
+    *_named("thc_rotation_block", "3", "-8"),
     ("thc_rotation_block", "8589934592", "rotation_block must be at most"),
     ("thc_table", "0,3,5,7", "table must have 2^bits = 16 entries, got 4"),
-    ("thc_table", "0,3,x,7,9,11,13,14,16,17,19,21,23,25,27,30", "'x' is not an unsigned"),
-    ("thc_table", "0,3,,7,9,11,13,14,16,17,19,21,23,25,27,30", "'' is not an unsigned"),
-    ("thc_table", "0,5,3,7,9,11,13,14,16,17,19,21,23,25,27,30", "strictly increasing"),
-    ("thc_table", "1,3,5,7,9,11,13,14,16,17,19,21,23,25,27,30", "table[0] must be 0"),
-    ("thc_table", "0,3,5,7,9,11,13,14,16,17,19,21,23,25,27,4294967296", "4294967296"),
-    ("thc_table", "0,3,5,7,9,11,13,14,16,17,19,21,23,25,27,31", "must equal granularity"),
-    ("thc_error_feedback", "maybe", "thc_error_feedback=maybe"),
+    ("thc_table", _table({2: "x"}), "'x' is not an unsigned"),
+    ("thc_table", _table({2: ""}), "'' is not an unsigned"),
+    ("thc_table", _table({1: "5", 2: "3"}), "strictly increasing"),
+    ("thc_table", _table({0: "1"}), "table[0] must be 0"),
+    ("thc_table", _table({15: "4294967296"}), "4294967296"),
+    ("thc_table", _table({15: "31"}), "must equal granularity"),
+    *_named("thc_error_feedback", "maybe"),
     ("thc_table", None, "thc_table is missing"),
 ]
 BAD_SERIALISED = [  # the bytes of the registration (BytePS's "N k1 v1 ..."), phrase
