@@ -246,7 +246,7 @@ def main(argv=None) -> int:
     logdir = tempfile.mkdtemp(prefix="thcddp-")
     nodes = [f"w{r}" for r in range(a.ranks)] + (["srv"] if costs is not None else [])
     with CleanupOnSignal(), EmulatedNetwork(nodes) as net:
-        for bw in (float(b) for b in a.bandwidths.split(",")):
+        for bw in a.bandwidths:
             net.set_rate(bw)
             link = measure_tcp(net, "w0", "w1", seconds=1.5)
             for model in a.models.split(","):

@@ -143,7 +143,7 @@ def main(argv=None) -> int:
     cleanup_stale()
     records = []
     with CleanupOnSignal(), EmulatedNetwork([f"w{r}" for r in range(a.ranks)]) as net:
-        for bw in (float(b) for b in a.bandwidths.split(",")):
+        for bw in a.bandwidths:
             net.set_rate(bw)
             for model in a.models.split(","):
                 for system in systems:

@@ -68,7 +68,7 @@ from byteps_thc.advisor.wire import launcher_flags
 from byteps_thc.env import CLUSTER_KEY
 from byteps_thc.launch import fork_missing, new_key, server_argv
 from byteps_thc.launch.supervisor import ProcSpec, Supervisor, cpu_seconds, describe_exit
-from harness.netem import EmulatedNetwork, available, measure_tcp
+from harness.netem import EmulatedNetwork, available, measure_tcp, parse_rates
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -558,7 +558,8 @@ def preflight() -> Optional[str]:
 def parse_args(argv=None) -> argparse.Namespace:
     ap = parser(__doc__)
     ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--bandwidths", default="1,10,25", help="Gbit/s per link (1,10,25)")
+    ap.add_argument("--bandwidths", type=parse_rates, default="1,10,25",
+                    help="Gbit/s per link (1,10,25)")
     ap.add_argument("--latency-ms", type=float, default=0.0,
                     help="added one-way latency per link (needs the netem qdisc)")
     ap.add_argument("--workloads", default="resnet50,vgg16,bert-base,digits",
@@ -607,7 +608,6 @@ def main(argv=None) -> int:
     if why:
         print(f"bench_network: cannot run: {why}", file=sys.stderr)
         return 2
-    bandwidths = [float(x) for x in a.bandwidths.split(",") if x.strip()]
     workloads = [w.strip() for w in a.workloads.split(",") if w.strip()]
     for w in workloads:
         if w not in REPLAY_MODELS + ("digits", "tiny"):
@@ -622,14 +622,14 @@ def main(argv=None) -> int:
     os.makedirs(logdir, exist_ok=True)
     matrix = Matrix(a.json, a.time_budget, log)
     plan = []
-    for bw in bandwidths:
+    for bw in a.bandwidths:
         for w in workloads:
             if w == "digits":
                 if bw == a.train_bandwidth:
                     plan += [(bw, w, s) for s in train_specs]
             else:
                 plan += [(bw, w, s) for s in specs]
-    if "digits" in workloads and a.train_bandwidth not in bandwidths:
+    if "digits" in workloads and a.train_bandwidth not in a.bandwidths:
         plan += [(a.train_bandwidth, "digits", s) for s in train_specs]
     nodes = ["srv"] + [f"w{i}" for i in range(a.workers)]
 

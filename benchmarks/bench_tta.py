@@ -56,7 +56,7 @@ from benchmarks import bench_ddp, bench_network, gloo_ranks, stdlib_lm
 from benchmarks.runs import Matrix, add_matrix_arguments, failure, load_records, parser
 from byteps_thc.advisor import wire
 from byteps_thc.launch import fork_missing
-from harness.netem import EmulatedNetwork, available, measure_tcp
+from harness.netem import EmulatedNetwork, available, measure_tcp, parse_rates
 
 TAG = "TTA_RESULT "
 DDP_PORT = 29500
@@ -353,7 +353,8 @@ def plot(records: List[dict], outdir: str) -> List[str]:
 def parse_args(argv=None) -> argparse.Namespace:
     ap = parser(__doc__)
     ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--bandwidths", default="1,10", help="Gbit/s per link (1,10)")
+    ap.add_argument("--bandwidths", type=parse_rates, default="1,10",
+                    help="Gbit/s per link (1,10)")
     ap.add_argument("--compressors", default=DEFAULT_COMPRESSORS,
                     help=f"comma-separated ({DEFAULT_COMPRESSORS})")
     ap.add_argument("--steps", type=int, default=300)
@@ -405,9 +406,6 @@ def main(argv=None) -> int:
         report(records, a)
         return 0
     try:
-        bandwidths = [float(x) for x in a.bandwidths.split(",") if x.strip()]
-        if not bandwidths or min(bandwidths) <= 0:
-            raise ValueError(f"--bandwidths {a.bandwidths!r}: positive Gbit/s, comma-separated")
         rows = parse_rows(a.compressors, a.workers)
         stdlib_lm.LmConfig(dim=a.dim, layers=a.layers, heads=a.heads, seq=a.seq)
     except ValueError as e:
@@ -425,7 +423,7 @@ def main(argv=None) -> int:
 
     def runs(net: EmulatedNetwork) -> None:
         log(f"namespaces {net.prefix}-*, logs in {logdir}")
-        for bw in bandwidths:
+        for bw in a.bandwidths:
             net.set_rate(bw)
             link = measure_tcp(net, "w0", "srv", seconds=1.5)
             log(f"links at {bw:g} Gbit/s (tbf): one TCP stream carries {link:.2f}")

@@ -13,7 +13,7 @@ import time
 
 from benchmarks.runs import save_records
 from byteps_thc.launch.supervisor import ProcSpec, Supervisor
-from harness.netem import available
+from harness.netem import available, parse_rates
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -29,7 +29,7 @@ def add_arguments(ap, models, bandwidths, warmup, warmup_help=None, timeout_help
     `models`, `bandwidths`), --ranks, --steps, --warmup, --run-timeout, --json, and a rank's own
     (--worker, --model: hidden)."""
     ap.add_argument("--models", default=models)
-    ap.add_argument("--bandwidths", default=bandwidths, help="Gbit/s per link")
+    ap.add_argument("--bandwidths", type=parse_rates, default=bandwidths, help="Gbit/s per link")
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=warmup, help=warmup_help)

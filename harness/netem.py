@@ -111,6 +111,18 @@ def _kill_namespace_processes(ns: str) -> None:
             pass
 
 
+def parse_rates(text: str) -> List[float]:
+    """Link rates in Gbit/s, comma-separated ("1,10,25"), as argparse's type=: at least one, each
+    positive (what set_rate takes), so that a bad list stops the run before any namespace exists."""
+    try:
+        rates = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        rates = []
+    if not rates or min(rates) <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: positive Gbit/s, comma-separated")
+    return rates
+
+
 def tbf_args(rate_gbit: float) -> List[str]:
     """tbf parameters for a link of `rate_gbit`: bucket of about 1 ms of traffic (at least 2 GSO
     segments of 64 KiB, or TCP stalls), queue bounded at 20 ms."""
@@ -319,7 +331,8 @@ def measure_tcp(net: EmulatedNetwork, src: str, dst: str, seconds: float = 2.0,
 def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m harness.netem",
                                  description="Check the emulated network: TCP rate under tbf.")
-    ap.add_argument("--rates", default="1,10,25", help="Gbit/s, comma-separated (1,10,25)")
+    ap.add_argument("--rates", type=parse_rates, default="1,10,25",
+                    help="Gbit/s, comma-separated (1,10,25)")
     ap.add_argument("--seconds", type=float, default=2.0)
     ap.add_argument("--cleanup-stale", action="store_true",
                     help="only remove namespaces left by killed runs")
@@ -329,7 +342,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0
     try:
         with CleanupOnSignal(), EmulatedNetwork(["a", "b"]) as net:
-            for r in [float(x) for x in a.rates.split(",")]:
+            for r in a.rates:
                 net.set_rate(r)
                 got = measure_tcp(net, "a", "b", a.seconds)
                 print(f"tbf {r:g} Gbit/s: TCP carried {got:.2f} Gbit/s ({got / r:.0%})",
