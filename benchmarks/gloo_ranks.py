@@ -1,6 +1,7 @@
 """What the torch.distributed benchmarks on the emulated network share (bench_ddp.py,
-bench_fsdp.py): one gloo rank per namespace of harness/netem.py's network under the launcher's
-Supervisor, and a rank's timed steps with the bytes its eth0 carried.
+bench_fsdp.py): their common flags, the replay model, one gloo rank per namespace of
+harness/netem.py's network under the launcher's Supervisor, and a rank's timed steps with the
+bytes its eth0 carried.
 
 A rank prints one line, TAG + JSON, on rank 0; `run_ranks` reads it back into the run's record.
 """
