@@ -265,7 +265,8 @@ HEARTBEAT_TIMEOUT = Setting("PS_HEARTBEAT_TIMEOUT", None, parse_nonnegative_int,
 STARTUP_TIMEOUT = Setting("BYTEPS_THC_STARTUP_TIMEOUT", 300, parse_startup_timeout,
                           "seconds every node waits for the cluster to form (all nodes "
                           "registered with the scheduler) before it names the missing ones and "
-                          "exits with status 1 (0 = no limit); bpslaunch passes it to ps-lite")
+                          "exits with status 1 (0 = no limit); bpslaunch passes it to ps-lite, "
+                          "whose default where unset is the same")
 STALL_WARN = Setting("BYTEPS_THC_STALL_WARN", 60.0, parse_seconds,
                      "seconds a THC round may wait before the server names the workers that "
                      "have not pushed (0 = never)")

@@ -489,8 +489,12 @@ void RecordRegistered(const std::vector<Node>& nodes) {
 }
 
 void WaitUntilReady(const std::atomic<bool>& ready) {
-  const int timeout =
-      EnvSeconds("BYTEPS_THC_STARTUP_TIMEOUT", "wait for the cluster to form without a limit");
+  // Unset: bpslaunch's default, so that a node started without bpslaunch (`python train.py`
+  // with the DMLC_* variables, as upstream's tests do) never waits without a word either
+  const char* set = Environment::Get()->find("BYTEPS_THC_STARTUP_TIMEOUT");
+  const int timeout = set && *set ? EnvSeconds("BYTEPS_THC_STARTUP_TIMEOUT",
+                                               "wait for the cluster to form without a limit")
+                                  : kDefaultStartupTimeout;
   const auto deadline = Clock::now() + std::chrono::seconds(timeout);
   while (!ready.load()) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));

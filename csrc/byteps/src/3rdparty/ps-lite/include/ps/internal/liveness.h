@@ -17,10 +17,11 @@
 // Before all that, the cluster must form: every node registers with the scheduler, which sends
 // out the node list once DMLC_NUM_WORKER workers and DMLC_NUM_SERVER servers have. A node that
 // is never started, or a scheduler that dies first, used to leave the others waiting forever.
-// With BYTEPS_THC_STARTUP_TIMEOUT=N (seconds; bpslaunch sets it, 0 or unset waits forever, as
-// upstream) a node that waited N seconds logs what it waited for and exits with status
-// kStartupExitStatus: the scheduler names the nodes that registered and how many of each role
-// are missing, a worker or server names itself and the scheduler it registered with.
+// With BYTEPS_THC_STARTUP_TIMEOUT=N (seconds; kDefaultStartupTimeout where unset, bpslaunch's
+// default too; 0 waits forever, as upstream) a node that waited N seconds logs what it waited for
+// and exits with status kStartupExitStatus: the scheduler names the nodes that registered and
+// how many of each role are missing, a worker or server names itself and the scheduler it
+// registered with.
 #ifndef PS_INTERNAL_LIVENESS_H_
 #define PS_INTERNAL_LIVENESS_H_
 
@@ -47,6 +48,7 @@ using DeadNodeHandler = std::function<void(const Node& dead, const std::string& 
 void SetDeadNodeHandler(DeadNodeHandler handler);
 constexpr int kDeadNodeExitStatus = 1;
 constexpr int kStartupExitStatus = 1;
+constexpr int kDefaultStartupTimeout = 300;  // seconds; byteps_thc/env.py STARTUP_TIMEOUT too
 
 // Whether this process has learnt of a dead node, and the message it was told.
 bool ClusterFailed();
