@@ -143,6 +143,42 @@ def _make_trainer():
     return cls
 
 
+def _fork_lib():
+    from byteps.mxnet.ops import MXNET_LIB_CTYPES
+
+    from .forklib import ForkLib
+    return ForkLib(MXNET_LIB_CTYPES, "mxnet")
+
+
+def fail_cluster(why: str) -> None:
+    """Fail this worker's cluster: every push_pull in flight and every later one raises
+    mxnet.base.MXNetError carrying `why` (where its result is read), and BytePS's shutdown no
+    longer waits for the other nodes. The first reason wins. Also `byteps.mxnet.fail_cluster`."""
+    _fork_lib().fail_cluster(why)
+
+
+def cluster_failure() -> Optional[str]:
+    """The reason the cluster failed (fail_cluster, a dead node, a stall), or None."""
+    return _fork_lib().cluster_failure()
+
+
+_WAITS = None
+
+
+def watch_waits() -> None:
+    """A push_pull waited on for BYTEPS_THC_STALL_WARN is logged once, naming the tensor
+    (byteps_thc.waits). MXNet waits inside its engine, where no Python code of ours runs, so the
+    fork's push_pull keeps its open waits (thc_waits.h) and a daemon thread polls them. The
+    patched byteps.mxnet calls this on import."""
+    global _WAITS
+    from byteps.mxnet import rank
+
+    from . import waits
+    lib = _fork_lib()
+    if _WAITS is None and lib.open_waits() is not None:
+        _WAITS = waits.OpenWaitsLog(lib.open_waits, rank).start()
+
+
 def _constructor(codec: codecs.Codec):
     def make(config=None, **params):
         return _CLASSES[codec.name](codec.config(config, **params))

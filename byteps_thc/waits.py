@@ -95,10 +95,13 @@ def waiting(what: str, rank: int):
 
 class OpenWaitsLog:
     """Logs the waits that `list_waits()` returns ([(id, seconds waited, tensor name)], as
-    ForkLib.open_waits) once each, when one has waited warn_s; `start()` polls once a second."""
+    ForkLib.open_waits) once each, when one has waited warn_s; `start()` polls once a second.
+    `rank()` names this worker; it is read only when a wait is logged (after BytePS's init, where
+    a polling thread started on import can read it)."""
 
-    def __init__(self, list_waits: Callable[[], List[Tuple[int, float, str]]], rank: int,
-                 warn_s: Optional[float] = None, out: Optional[TextIO] = None):
+    def __init__(self, list_waits: Callable[[], List[Tuple[int, float, str]]],
+                 rank: Callable[[], int], warn_s: Optional[float] = None,
+                 out: Optional[TextIO] = None):
         self.list_waits = list_waits
         self.rank = rank
         self.warn_s = env.STALL_WARN.get() if warn_s is None else warn_s
@@ -118,7 +121,7 @@ class OpenWaitsLog:
         for wid, waited, what in waits:
             if wid not in self._logged and waited >= self.warn_s:
                 self._logged.add(wid)
-                _report(out, self.rank, waited, what, self.warn_s)
+                _report(out, self.rank(), waited, what, self.warn_s)
                 n += 1
         return n
 

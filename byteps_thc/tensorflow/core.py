@@ -267,7 +267,7 @@ def _watch_waits(lib: ForkLib) -> None:
     logged, naming the tensor (byteps_thc.waits; the op keeps the open waits, thc_waits.h)."""
     global _WAITS
     if _WAITS is None and lib.open_waits() is not None:
-        _WAITS = _waits.OpenWaitsLog(lib.open_waits, rank()).start()
+        _WAITS = _waits.OpenWaitsLog(lib.open_waits, rank).start()
 
 
 def fail_cluster(why: str) -> None:

@@ -13,7 +13,10 @@ that variable (the environment's fork may be older than .venv's) or without the 
   settings; the script catches it, an uncompressed push_pull still works, and both exit 0;
 - a THC push_pull with is_average=True is the reference's decoded mean bit for bit, and with
   is_average=False n times that mean; uncompressed float32 averages and sums exactly, under a
-  name push-pulled without a declaration (tests/cluster/scripts/mxnet_scale.py).
+  name push-pulled without a declaration (tests/cluster/scripts/mxnet_scale.py);
+- a peer that holds back its push: the waiting worker's log names the tensor (a first push and a
+  later one); byteps.mxnet.fail_cluster fails the push_pull in flight and later ones with
+  MXNetError (tests/cluster/scripts/mxnet_stall.py).
 """
 import json
 import os
@@ -43,12 +46,13 @@ pytestmark = [
 ]
 
 
-def launch(args, timeout=400):
+def launch(args, timeout=400, extra_env=None):
     """`bpslaunch --local 2 -- ARGS` under MXNet's Python, run by the Supervisor; (exit code,
     stdout and stderr as they came). Past `timeout` it is stopped and the test fails."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("BYTEPS_", "DMLC_"))}
     env["PYTHONPATH"] = ROOT
     env["OMP_NUM_THREADS"] = "1"
+    env.update(extra_env or {})
     run = supervised.run([MXPY, "-m", "byteps_thc.launch", "--local", "2", "--timeout",
                           str(timeout - 20), "--"] + args, env=env, cwd=ROOT, timeout=timeout,
                          name="bpslaunch")
@@ -138,3 +142,43 @@ def test_average_and_sum_of_thc_and_uncompressed_tensors(tmp_path):
     total = sum(range(1, n + 1))
     for r in reps:
         assert r == {"f32_avg": [total / n], "f32_sum": [total]}, r
+
+
+DELAY, WARN = 8, 2
+
+
+@pytest.fixture(scope="module")
+def stall_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("mxnet_stall")
+    code, log = launch([MXPY, os.path.join(SCRIPTS, "mxnet_stall.py"), str(DELAY), str(out)],
+                       timeout=300, extra_env={"BYTEPS_THC_STALL_WARN": str(WARN)})
+    return code, log, out
+
+
+def waited_for(output, worker):
+    return re.findall(rf"^\[worker {worker}\] byteps-thc: worker {worker} has waited (\d+) s for "
+                      rf"the push_pull of '([^']+)' \(BYTEPS_THC_STALL_WARN={WARN}\)", output, re.M)
+
+
+def test_a_stalled_peer_is_named_in_the_waiting_workers_log(stall_run):
+    """Worker 1 holds back a new tensor's first push (worker 0 waits in BytePS's InitTensor,
+    on the script's thread) and a known tensor's push (worker 0 waits in MXNet's engine)."""
+    code, output, _ = stall_run
+    assert "rank 0: stalls done" in output, output[-4000:]
+    waits = waited_for(output, 0)
+    assert {"byteps.stall.first", "byteps.stall.again"} <= {n for _, n in waits}, \
+        (waits, output[-4000:])
+    assert all(int(s) >= WARN for s, _ in waits), waits
+    assert not [n for _, n in waited_for(output, 1) if n.startswith("byteps.stall.")], \
+        output[-4000:]
+
+
+def test_fail_cluster_fails_pending_and_later_mxnet_push_pulls(stall_run):
+    code, output, out = stall_run
+    assert code == 0, output[-4000:]
+    pending = (out / "pending_0.txt").read_text()
+    assert pending.startswith("MXNetError: ") and "node 1 declared dead" in pending, pending
+    for r, peer in ((0, 1), (1, 0)):
+        later = (out / f"later_{r}.txt").read_text()
+        assert later.startswith("MXNetError: ") and f"node {peer} declared dead" in later, later
+        assert (out / f"reason_{r}.txt").read_text() == f"test: node {peer} declared dead"

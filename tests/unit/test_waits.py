@@ -44,7 +44,7 @@ def test_finished_waits_are_forgotten_and_zero_turns_it_off():
 def test_open_waits_of_the_fork_are_logged_once_each_when_old_enough():
     out = io.StringIO()
     listed = [[(3, 59.0, "Gradient.dense/kernel"), (4, 1.0, "Parameter.dense/bias")]]
-    log = OpenWaitsLog(lambda: listed[0], rank=1, warn_s=60, out=out)
+    log = OpenWaitsLog(lambda: listed[0], rank=lambda: 1, warn_s=60, out=out)
     assert log.check() == 0 and out.getvalue() == ""
     listed[0] = [(3, 61.0, "Gradient.dense/kernel"), (4, 3.0, "Parameter.dense/bias")]
     assert log.check() == 1
@@ -61,5 +61,5 @@ def test_open_waits_of_the_fork_are_logged_once_each_when_old_enough():
 
 
 def test_open_waits_off_at_zero():
-    log = OpenWaitsLog(lambda: [(0, 1e6, "x")], rank=0, warn_s=0, out=io.StringIO())
+    log = OpenWaitsLog(lambda: [(0, 1e6, "x")], rank=lambda: 0, warn_s=0, out=io.StringIO())
     assert log.check() == 0 and log.start()._thread is None
