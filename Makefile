@@ -20,7 +20,7 @@ help:
 	@echo "make soak   - 10 min of THC training, RSS of every process; fails on growth (SOAK_MINUTES=N)"
 	@echo "make test-tf    - the TensorFlow tests alone (make test runs them too)"
 	@echo "make test-upstream-bugs - each upstream bug's test fails without its patch (3 builds)"
-	@echo "make test-mxnet - MXNet in its own environment (.cache/venv-mxnet; not part of make test)"
+	@echo "make test-mxnet - MXNet in its own environment (.cache/venv-mxnet), our tests and upstream's"
 
 venv: $(VENV)
 # scripts/venv.sh: python3 -m venv, pip install -r requirements.txt, and byteps_thc (used in place:
@@ -98,19 +98,22 @@ byteps-tf: byteps
 test-tf: ext byteps
 	$(PY) -m pytest -q -rs tests/unit/test_tf_adapter.py tests/cluster/test_tf_train.py
 
-# MXNet (optional; not part of `make test`): mxnet 1.9.1 imports on Python 3.11 only with
-# numpy < 1.24, so it has its own environment, with the fork built for it (BYTEPS_THC_MXNET=1).
+# MXNet (not part of `make test`; .ci/run runs it after): mxnet 1.9.1 imports on Python 3.11
+# only with numpy < 1.24, so it has its own environment, with the fork built for it
+# (BYTEPS_THC_MXNET=1); numba, parameterized and tqdm are for upstream's MXNet tests.
 MXPY := .cache/venv-mxnet/bin/python
 .PHONY: mxnet-env test-mxnet
 mxnet-env:
 	@test -x $(MXPY) || python3 -m venv .cache/venv-mxnet
 	$(MXPY) -m pip install -q --disable-pip-version-check mxnet==1.9.1 numpy==1.23.5 \
-	    scikit-learn==1.3.2 setuptools==75.1.0 wheel==0.44.0
+	    scikit-learn==1.3.2 setuptools==75.1.0 wheel==0.44.0 \
+	    numba==0.68.1 llvmlite==0.50.0 parameterized==0.9.0 tqdm==4.70.1
 	@$(MXPY) -c 'import site, os; open(os.path.join(site.getsitepackages()[0], "byteps_thc.pth"), "w").write(os.getcwd() + "\n")'
 	@BYTEPS_THC_MXNET=1 PY=$(CURDIR)/$(MXPY) nice scripts/build_byteps.sh
 
 test-mxnet: $(VENV) mxnet-env
-	BYTEPS_THC_TEST_MXNET=1 $(PY) -m pytest -q -rs tests/cluster/test_mxnet_train.py
+	BYTEPS_THC_TEST_MXNET=1 $(PY) -m pytest -q -rs tests/cluster/test_mxnet_train.py \
+	    tests/cluster/test_upstream_mxnet.py
 
 # Docker (docs/DOCKER.md): the image byteps-thc:cpu, and a cluster of its containers. Both start
 # dockerd when none runs (and stop it again), and make the Debian base with debootstrap when no

@@ -12,11 +12,10 @@ never pushes and fails its cluster 2 s later; worker 1 fails its own after DELAY
 in flight and a later one raise mxnet.base.MXNetError with the reason. Writes
 OUT_DIR/<what>_<rank>.txt: the exception (pending, later) and the reason cluster_failure() gave.
 """
-import os
 import sys
-import threading
 import time
 
+import failures  # tests/cluster/scripts/failures.py
 import mxnet as mx
 
 import byteps.mxnet as bps
@@ -25,10 +24,6 @@ from byteps.mxnet.ops import byteps_declare_tensor, byteps_push_pull
 bps.init()
 rank = bps.rank()
 delay, out_dir = float(sys.argv[1]), sys.argv[2]
-
-
-def out(name):
-    return os.path.join(out_dir, f"{name}_{rank}.txt")
 
 
 def stall():
@@ -54,26 +49,6 @@ push("sync")
 print(f"rank {rank}: stalls done", flush=True)
 
 
-def caught(name, body):
-    try:
-        body()
-    except mx.base.MXNetError as e:
-        with open(out(name), "w") as f:
-            f.write(f"{type(e).__name__}: {e}")
-        return True
-    return False
-
-
-assert bps.cluster_failure() is None
-if rank == 0:
-    threading.Timer(2.0, bps.fail_cluster, args=("test: node 1 declared dead",)).start()
-    ok = caught("pending", lambda: push("never"))  # worker 1 never pushes it
-else:
-    time.sleep(delay)
-    bps.fail_cluster("test: node 0 declared dead")
-    ok = True
-ok = caught("later", lambda: push("sync")) and ok
-with open(out("reason"), "w") as f:
-    f.write(bps.cluster_failure() or "")
-if not ok:
-    raise SystemExit("a push_pull did not raise after fail_cluster")
+caught = failures.catcher(out_dir, rank, mx.base.MXNetError)
+failures.fail_cluster_twice(rank, delay, push, bps.fail_cluster, bps.cluster_failure, caught,
+                            out_dir)

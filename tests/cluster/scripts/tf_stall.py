@@ -15,12 +15,12 @@ OUT_DIR/<what>_<rank>.txt: the exception (pending, later) and the reason cluster
 """
 import os
 import sys
-import threading
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
+import failures  # tests/cluster/scripts/failures.py
 import keras
 import tensorflow as tf
 
@@ -30,10 +30,6 @@ from byteps_thc import tensorflow as bt
 bps.init()
 rank = bps.rank()
 delay, out_dir = float(sys.argv[1]), sys.argv[2]
-
-
-def out(name):
-    return os.path.join(out_dir, f"{name}_{rank}.txt")
 
 
 def stall():
@@ -78,26 +74,6 @@ push("sync")
 print(f"rank {rank}: stalls done", flush=True)
 
 
-def caught(name, body):
-    try:
-        body()
-    except tf.errors.InternalError as e:
-        with open(out(name), "w") as f:
-            f.write(f"{type(e).__name__}: {e.message}")
-        return True
-    return False
-
-
-assert bt.cluster_failure() is None
-if rank == 0:
-    threading.Timer(2.0, bt.fail_cluster, args=("test: node 1 declared dead",)).start()
-    ok = caught("pending", lambda: push("never"))  # worker 1 never pushes it
-else:
-    time.sleep(delay)
-    bt.fail_cluster("test: node 0 declared dead")
-    ok = True
-ok = caught("later", lambda: push("sync")) and ok
-with open(out("reason"), "w") as f:
-    f.write(bt.cluster_failure() or "")
-if not ok:
-    raise SystemExit("a push_pull did not raise after fail_cluster")
+caught = failures.catcher(out_dir, rank, tf.errors.InternalError, text=lambda e: e.message)
+failures.fail_cluster_twice(rank, delay, push, bt.fail_cluster, bt.cluster_failure, caught,
+                            out_dir)
