@@ -55,10 +55,11 @@ State& G() {
   return *s;
 }
 
-// `off`: what 0 means, for the warning about a bad value
-int EnvSeconds(const char* name, const char* off = "dead-node detection off") {
+// `name` in seconds, `unset` where it is unset; `off`: what 0 means, for the warning about a
+// bad value (which reads as 0)
+int EnvSeconds(const char* name, const char* off = "dead-node detection off", int unset = 0) {
   const char* v = Environment::Get()->find(name);
-  if (!v || !*v) return 0;
+  if (!v || !*v) return unset;
   char* end = nullptr;
   long n = std::strtol(v, &end, 10);
   if (*end != '\0' || n < 0 || n > 86400) {
@@ -80,9 +81,7 @@ constexpr int kDefaultTimeout = 30;
 
 // EnvSeconds, or `dflt` for a worker or server where `name` is unset (the scheduler: 0).
 int NodeSeconds(const char* name, int dflt) {
-  const char* v = Environment::Get()->find(name);
-  if ((!v || !*v) && !Postoffice::Get()->is_scheduler()) return dflt;
-  return EnvSeconds(name);
+  return EnvSeconds(name, "dead-node detection off", Postoffice::Get()->is_scheduler() ? 0 : dflt);
 }
 
 // ps-lite's ids: the scheduler 1, server rank r 8 + 2r, worker rank r 9 + 2r.
@@ -491,10 +490,9 @@ void RecordRegistered(const std::vector<Node>& nodes) {
 void WaitUntilReady(const std::atomic<bool>& ready) {
   // Unset: bpslaunch's default, so that a node started without bpslaunch (`python train.py`
   // with the DMLC_* variables, as upstream's tests do) never waits without a word either
-  const char* set = Environment::Get()->find("BYTEPS_THC_STARTUP_TIMEOUT");
-  const int timeout = set && *set ? EnvSeconds("BYTEPS_THC_STARTUP_TIMEOUT",
-                                               "wait for the cluster to form without a limit")
-                                  : kDefaultStartupTimeout;
+  const int timeout =
+      EnvSeconds("BYTEPS_THC_STARTUP_TIMEOUT", "wait for the cluster to form without a limit",
+                 kDefaultStartupTimeout);
   const auto deadline = Clock::now() + std::chrono::seconds(timeout);
   while (!ready.load()) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
