@@ -162,21 +162,15 @@ def cluster_failure() -> Optional[str]:
     return _fork_lib().cluster_failure()
 
 
-_WAITS = None
-
-
 def watch_waits() -> None:
     """A push_pull waited on for BYTEPS_THC_STALL_WARN is logged once, naming the tensor
     (byteps_thc.waits). MXNet waits inside its engine, where no Python code of ours runs, so the
     fork's push_pull keeps its open waits (thc_waits.h) and a daemon thread polls them. The
     patched byteps.mxnet calls this on import."""
-    global _WAITS
     from byteps.mxnet import rank
 
     from . import waits
-    lib = _fork_lib()
-    if _WAITS is None and lib.open_waits() is not None:
-        _WAITS = waits.OpenWaitsLog(lib.open_waits, rank).start()
+    waits.watch_fork_waits(_fork_lib(), rank)
 
 
 def _constructor(codec: codecs.Codec):

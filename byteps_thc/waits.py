@@ -137,3 +137,17 @@ class OpenWaitsLog:
         while True:
             time.sleep(1.0)
             self.check()
+
+
+_WATCHED: Dict[str, OpenWaitsLog] = {}  # plugin -> its poller
+_WATCHED_LOCK = threading.Lock()
+
+
+def watch_fork_waits(lib, rank: Callable[[], int]) -> Optional[OpenWaitsLog]:
+    """Poll the open waits of a plugin's op (`lib`: a byteps_thc.forklib.ForkLib), once per
+    plugin and process; None where the build keeps no such list."""
+    with _WATCHED_LOCK:
+        if lib.plugin not in _WATCHED and lib.open_waits() is not None:
+            _WATCHED[lib.plugin] = OpenWaitsLog(lib.open_waits, rank).start()
+        return _WATCHED.get(lib.plugin)
+

@@ -245,7 +245,9 @@ def declare(name: str, kwargs: Optional[Mapping[str, str]] = None) -> None:
                                  "use one compression per tensor name")
             return
         lib = _fork_lib()
-        _watch_waits(lib)
+        # a push_pull the op has waited on for BYTEPS_THC_STALL_WARN is logged, naming the
+        # tensor (the op keeps the open waits, thc_waits.h)
+        _waits.watch_fork_waits(lib, rank)
         if _c.uses_vanilla_ef(kwargs):
             learning_rate_file()  # BytePS's vanilla EF opens ./lr.s with the compressor
         lib.declare_with_kwargs("byteps_tensorflow_declare_tensor_kwargs", "0092", name, kwargs)
@@ -257,17 +259,6 @@ def declare(name: str, kwargs: Optional[Mapping[str, str]] = None) -> None:
 
 def _fork_lib() -> ForkLib:
     return ForkLib(_ops().TF_LIB_CTYPES, "tensorflow")
-
-
-_WAITS: Optional[_waits.OpenWaitsLog] = None
-
-
-def _watch_waits(lib: ForkLib) -> None:
-    """From the first declare on, a push_pull the op has waited on for BYTEPS_THC_STALL_WARN is
-    logged, naming the tensor (byteps_thc.waits; the op keeps the open waits, thc_waits.h)."""
-    global _WAITS
-    if _WAITS is None and lib.open_waits() is not None:
-        _WAITS = _waits.OpenWaitsLog(lib.open_waits, rank).start()
 
 
 def fail_cluster(why: str) -> None:

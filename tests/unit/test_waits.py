@@ -1,7 +1,7 @@
 """byteps_thc.waits: a worker logs the push_pulls it has waited on for BYTEPS_THC_STALL_WARN s."""
 import io
 
-from byteps_thc.waits import OpenWaitsLog, WaitLog
+from byteps_thc.waits import OpenWaitsLog, WaitLog, watch_fork_waits
 
 
 class Clock:
@@ -63,3 +63,19 @@ def test_open_waits_of_the_fork_are_logged_once_each_when_old_enough():
 def test_open_waits_off_at_zero():
     log = OpenWaitsLog(lambda: [(0, 1e6, "x")], rank=lambda: 0, warn_s=0, out=io.StringIO())
     assert log.check() == 0 and log.start()._thread is None
+
+
+def test_fork_waits_are_watched_once_per_plugin_and_not_without_a_list():
+    class Lib:
+        def __init__(self, plugin, waits):
+            self.plugin, self.waits, self.calls = plugin, waits, 0
+
+        def open_waits(self):
+            self.calls += 1
+            return self.waits
+
+    first = watch_fork_waits(Lib("test-a", []), lambda: 0)
+    assert isinstance(first, OpenWaitsLog)
+    again = Lib("test-a", [])
+    assert watch_fork_waits(again, lambda: 0) is first and again.calls == 0
+    assert watch_fork_waits(Lib("test-b", None), lambda: 0) is None  # a build without the list
