@@ -5,9 +5,11 @@
 #include "thc_stage.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <iostream>
 #include <limits>
 #include <numeric>
 #include <sstream>
@@ -16,6 +18,8 @@
 #include "compressor/compressor.h"
 #include "compressor/impl/lhc_wire.h"
 #include "compressor/impl/max_round.h"
+#include "compressor/impl/thc_compressor.h"
+#include "compressor/impl/thc_device.h"
 #include "compressor/impl/thc_wire.h"
 #include "cpu_only.h"
 #include "failure.h"
@@ -47,6 +51,47 @@ bool ZeroCopy(bool thc, const void* input, const void* output) {
 
 bool ZeroCopy(const std::shared_ptr<TensorTableEntry>& task) {
   return ZeroCopy(AsThc(task) != nullptr, task->tensor.get(), task->output.get());
+}
+
+namespace td = compressor::thcdevice;
+
+// BYTEPS_THC_DEVICE_STAGES, read once; a bad value fails every THC push_pull with its message.
+td::Stages DeviceStages(std::string* error = nullptr) {
+  static std::string err;
+  static const td::Stages stages = td::DeviceStages(&err);
+  if (error) *error = err;
+  return stages;
+}
+
+// The one rule for the GPU worker's plan (thc_device.h), at enqueue time and in the stages: a THC
+// partition that the CPU plan would take without copies, with BYTEPS_THC_DEVICE_STAGES=emulated
+// (the input and output tensors are then the "device" memory the codec reads and writes).
+bool DevicePlan(bool thc, const void* input, const void* output) {
+  return ZeroCopy(thc, input, output) && DeviceStages() == td::Stages::kEmulated;
+}
+
+compressor::ThcCompressor* OnDevice(const std::shared_ptr<TensorTableEntry>& task) {
+  auto* thc = dynamic_cast<compressor::ThcCompressor*>(task->compressor.get());
+  return thc && DevicePlan(true, task->tensor.get(), task->output.get()) ? thc : nullptr;
+}
+
+// Once, on rank 0, for the first partition bound on a device: the plan, its stages in order and
+// what each copy carries.
+void LogDevicePlan(const std::shared_ptr<TensorTableEntry>& task, compressor::ThcCompressor* thc) {
+  static std::atomic<bool> logged{false};
+  if (BytePSGlobal::GetRank() != 0 || logged.exchange(true)) return;
+  const uint32_t n = static_cast<uint32_t>(BytePSGlobal::GetNumWorker());
+  std::ostringstream os;
+  os << "byteps-thc: THC device stages (" << thc->device_name() << "), tensor '"
+     << task->tensor_name << "' key " << task->key << " ("
+     << task->len / compressor::MaxRoundCompressor::ElementBytes(task->tensor->dtype())
+     << " values): THC_NORM (norm on the device, " << sizeof(double)
+     << " bytes to the host) -> COMPRESS (encode on the device) -> "
+     << "COPYD2H " << thc->payload_bytes() << " bytes (the payload) -> PUSH -> PULL -> "
+     << "COPYH2D " << thc->sums_bytes(n) << " bytes (the packed sums of " << n
+     << " workers) -> DECOMPRESS (decode on the device); the gradient stays on the "
+     << "device\n";
+  std::cerr << os.str() << std::flush;  // one write: the line is not torn by other threads' logs
 }
 
 // A tensor's bytes at a partition's offset. The framework's tensors are writable (BytePS's COPYH2D
@@ -105,8 +150,10 @@ void SkipNonFiniteStep(std::shared_ptr<TensorTableEntry> task, compressor::MaxRo
                      << count << ".";
   }
   auto& q = task->queue_list;
-  for (QueueType skipped : {COMPRESS, PUSH, PULL, DECOMPRESS}) {
-    q.erase(std::remove(q.begin() + 1, q.end(), skipped), q.end());
+  std::vector<QueueType> skipped{COMPRESS, PUSH, PULL, DECOMPRESS};
+  if (OnDevice(task)) skipped.insert(skipped.end(), {COPYD2H, COPYH2D});  // the payload's, sums'
+  for (QueueType stage : skipped) {
+    q.erase(std::remove(q.begin() + 1, q.end(), stage), q.end());
   }
   FinishOrProceed(task);
 }
@@ -182,12 +229,19 @@ void StartNormRound(std::shared_ptr<TensorTableEntry> task) {
   }
   std::string local, nonfinite;
   double norm = std::numeric_limits<double>::quiet_NaN();
-  std::string err = thc->Bind(task->key, task->len, static_cast<uint32_t>(BytePSGlobal::GetRank()),
-                              task->tensor_name);
+  std::string err;
+  auto* device_thc = OnDevice(task);
+  if (device_thc && !thc->bound()) device_thc->UseDevice(td::MakeHostDevice(/*host_memory=*/false));
+  if (dynamic_cast<compressor::ThcCompressor*>(thc)) DeviceStages(&err);
   if (!err.empty()) {
+    local = Where(task) + ": " + err + ".";
+  } else if (!(err = thc->Bind(task->key, task->len, static_cast<uint32_t>(BytePSGlobal::GetRank()),
+                               task->tensor_name))
+                  .empty()) {
     local = Where(task) + ": " + err +
             ". Declare it with valid THC settings (byteps_thc.ThcConfig checks them).";
   } else {
+    if (device_thc) LogDevicePlan(task, device_thc);
     char* data = static_cast<char*>(task->cpubuff) + task->offset;
     ThcCompressSource(task, &data);
     compressor::tensor_t grad(data, task->len, task->tensor->dtype());
@@ -265,6 +319,30 @@ void ThcAddStages(const BPSContext& context, const Tensor* input, const Tensor* 
                         queue_list->end());
     }
   }
+  // The GPU worker's plan: the codec on the device, the copies carry its payload and sums.
+  const bool thc = !context.compressor_list.empty() &&
+                   dynamic_cast<compressor::ThcCompressor*>(context.compressor_list[0].get());
+  if (!DevicePlan(thc, input, output)) return;
+  auto at = std::find(queue_list->begin(), queue_list->end(), COMPRESS);
+  if (at != queue_list->end()) queue_list->insert(at + 1, COPYD2H);
+  at = std::find(queue_list->begin(), queue_list->end(), DECOMPRESS);
+  if (at != queue_list->end()) queue_list->insert(at, COPYH2D);
+}
+
+bool ThcCopyStage(const std::shared_ptr<TensorTableEntry>& task, QueueType stage) {
+  auto* thc = OnDevice(task);
+  if (!thc || !thc->copies()) return false;
+  compressor::ThcCompressor::Copy c;
+  if (stage == COPYD2H) {
+    c = thc->PayloadCopy();
+    if (c.bytes) CopyToHost(c.dst, c.src, c.bytes, BytePSGlobal::GetCopyDevice2HostStream());
+  } else {
+    c = thc->SumsCopy(BytePSGlobal::EncodeDefaultKey(task->key, 0).lens[0]);
+    if (c.bytes) CopyToDevice(c.dst, c.src, c.bytes, BytePSGlobal::GetCopyHost2DeviceStream());
+  }
+  TraceBytes(task, stage, c.bytes);
+  FinishOrProceed(task);
+  return true;
 }
 
 void ThcCompressSource(const std::shared_ptr<TensorTableEntry>& task, char** data) {

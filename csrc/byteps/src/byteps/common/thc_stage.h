@@ -3,7 +3,11 @@
 // A THC partition flows COPYD2H -> THC_NORM -> COMPRESS -> PUSH -> PULL -> DECOMPRESS -> COPYH2D,
 // and on a CPU-only worker THC_NORM -> COMPRESS -> PUSH -> PULL -> DECOMPRESS: the codec reads the
 // gradient from the input tensor and decodes into the output tensor, so the two host copies of the
-// gradient (into BytePS's buffer and back) are not made (patch 0043).
+// gradient (into BytePS's buffer and back) are not made (patch 0043). The GPU worker's plan
+// (compressor/impl/thc_device.h; on a CPU-only worker with BYTEPS_THC_DEVICE_STAGES=emulated)
+// keeps the codec on the device and moves only its bytes: THC_NORM (the norm on the device) ->
+// COMPRESS (the encode on the device) -> COPYD2H (the payload) -> PUSH -> PULL -> COPYH2D (the
+// packed sums) -> DECOMPRESS (the decode on the device, into the output tensor).
 // THC_NORM (spec §3 step 2) binds the partition to its compressor, computes the local norm of
 // gradient + residual, pushes it (16 bytes) to the server under the partition's key with the
 // request type thcwire::kThcNormRequest, pulls back the max over workers and hands it to the
@@ -46,7 +50,8 @@ struct PullScale {
 PullScale PushPullScale(const BPSContext& context, bool average);
 
 // Inserts THC_NORM before COMPRESS in a THC tensor's queue list, and on a CPU-only worker
-// (push_pull: input and output given) takes out COPYD2H and COPYH2D. No-op for other tensors.
+// (push_pull: input and output given) takes out COPYD2H and COPYH2D, or, on the GPU worker's
+// plan, puts them after COMPRESS and before DECOMPRESS. No-op for other tensors.
 void ThcAddStages(const BPSContext& context, const Tensor* input, const Tensor* output,
                   std::vector<QueueType>* queue_list);
 
@@ -55,6 +60,12 @@ void ThcAddStages(const BPSContext& context, const Tensor* input, const Tensor* 
 // and the output tensor's bytes at the partition's offset. *data is left alone otherwise.
 void ThcCompressSource(const std::shared_ptr<TensorTableEntry>& task, char** data);
 void ThcDecompressTarget(const std::shared_ptr<TensorTableEntry>& task, char** data);
+
+// COPYD2H and COPYH2D of a THC partition on the GPU worker's plan: the payload up, the packed
+// sums down (the reply checked first: a failed one copies nothing and DECOMPRESS reports it), on
+// BytePS's copy streams; then the partition proceeds. False, with nothing done, for every other
+// partition (BytePS's own copies).
+bool ThcCopyStage(const std::shared_ptr<TensorTableEntry>& task, QueueType stage);
 
 // The THC_NORM stage's thread (started with the other loops on the root device).
 void ThcNormLoop();

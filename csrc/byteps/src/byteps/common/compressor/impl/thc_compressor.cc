@@ -1,6 +1,7 @@
 // byteps-thc: THC in BytePS's compressor registry (worker side). See thc_compressor.h.
 #include "thc_compressor.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <sstream>
@@ -73,29 +74,68 @@ ThcCompressor::ThcCompressor(size_t size, DataType dtype, std::string error)
 
 ThcCompressor::~ThcCompressor() = default;
 
+void ThcCompressor::UseDevice(std::unique_ptr<thcdevice::Device> device) {
+  if (!bound_) device_ = std::move(device);
+}
+
 std::string ThcCompressor::Bind(uint64_t key, size_t bytes, uint32_t rank,
                                 const std::string& name) {
   size_t d = 0;
   bool again = false;
   std::string err = CheckBind(key, bytes, &d, &again);
   if (!err.empty() || again) return err;
+  cfg_ = thcwire::PartitionConfig(settings_.config, key);
+  if (!device_) device_ = thcdevice::MakeHostDevice(/*host_memory=*/true);
+  err = device_->Bind(cfg_, d, rank, settings_.error_feedback, settings_.codec_threads);
+  if (!err.empty()) return std::string("the ") + device_->name() + " device: " + err;
+  geo_ = thc::MakeGeometry(cfg_, d);
+  // The sums come back packed in at most 32 bits each, or an error message.
+  const size_t sums_capacity = geo_.padded * sizeof(uint32_t);
+  if (copies()) {
+    payload_dev_ = device_->Allocate(geo_.payload_bytes);
+    sums_dev_ = device_->Allocate(sums_capacity);
+    if (!payload_dev_ || !sums_dev_) {
+      return std::string("the ") + device_->name() + " device could not allocate " +
+             std::to_string(geo_.payload_bytes + sums_capacity) + " bytes for the partition";
+    }
+  }
   key_ = key;
   name_ = name;
   d_ = d;
-  cfg_ = thcwire::PartitionConfig(settings_.config, key);
-  encoder_.reset(new thc::Encoder(cfg_, d, rank, settings_.error_feedback));
-  encoder_->set_threads(settings_.codec_threads);
+  bound_ = true;
   fingerprint_ = thcwire::Fingerprint(cfg_, d);
-  const thc::Geometry& geo = encoder_->geometry();
-  send_.assign(sizeof(thcwire::PushHeader) + geo.payload_bytes, 0);
-  // The sums come back packed in at most 32 bits each, or an error message.
-  recv_.assign(sizeof(thcwire::PullHeader) +
-                   std::max(geo.padded * sizeof(uint32_t), thcwire::kMaxErrorBytes),
-               0);
-  if (_dtype != BYTEPS_FLOAT32) scratch_.assign(geo.padded, 0.0f);
+  send_.assign(sizeof(thcwire::PushHeader) + geo_.payload_bytes, 0);
+  recv_.assign(sizeof(thcwire::PullHeader) + std::max(sums_capacity, thcwire::kMaxErrorBytes), 0);
+  if (_dtype != BYTEPS_FLOAT32) scratch_.assign(geo_.padded, 0.0f);
   BPS_LOG(DEBUG) << "THC key " << key << ": " << thcwire::Describe(cfg_) << " d=" << d
-                 << " payload=" << geo.payload_bytes << "B";
+                 << " payload=" << geo_.payload_bytes << "B device=" << device_->name();
   return "";
+}
+
+size_t ThcCompressor::sums_bytes(uint32_t num_workers) const {
+  return thc::PackedSumsBytes(geo_.padded, thc::SumBits(cfg_, num_workers));
+}
+
+ThcCompressor::Copy ThcCompressor::PayloadCopy() {
+  Copy c;
+  if (!copies() || !payload_ready_) return c;
+  payload_ready_ = false;
+  c.dst = send_.data() + sizeof(thcwire::PushHeader);
+  c.src = payload_dev_;
+  c.bytes = geo_.payload_bytes;
+  return c;
+}
+
+ThcCompressor::Copy ThcCompressor::SumsCopy(size_t bytes) {
+  Copy c;
+  if (!copies()) return c;
+  reply_copied_ = true;
+  reply_error_ = CheckReply(bytes, &reply_);
+  if (!reply_error_.empty()) return c;
+  c.dst = sums_dev_;
+  c.src = recv_.data() + sizeof(thcwire::PullHeader);
+  c.bytes = reply_.payload_bytes;
+  return c;
 }
 
 const float* ThcCompressor::AsFloat(tensor_t grad) {
@@ -123,11 +163,11 @@ static std::string StatusMessage(thc::Status st, double max_norm) {
 
 std::string ThcCompressor::LocalNorm(tensor_t grad, double* norm, std::string* nonfinite) {
   nonfinite->clear();
-  if (!encoder_) return "the norm was asked for before the partition was bound";
+  if (!bound_) return "the norm was asked for before the partition was bound";
   std::string err = CheckGradient(grad);
   if (!err.empty()) return err;
   const float* x = AsFloat(grad);
-  thc::Status st = encoder_->Norm(x, norm);
+  thc::Status st = device_->Norm(x, norm);
   if (st == thc::Status::kOk) return "";
   if (st == thc::Status::kNonFinite) {
     // the norm reads the gradient and the residual, and the residual is always finite
@@ -147,12 +187,16 @@ tensor_t ThcCompressor::Compress(tensor_t grad) {
   if (send_.size() < sizeof(h)) send_.assign(sizeof(h), 0);
   std::memcpy(send_.data(), &h, sizeof(h));
   error_ = CheckCompress(grad);
+  payload_ready_ = false;
   if (error_.empty()) {
-    auto st = encoder_->Encode(AsFloat(grad), max_norm_,
-                               reinterpret_cast<uint8_t*>(send_.data() + sizeof(h)));
+    // with copies() the payload stays on the device until COPYD2H (PayloadCopy)
+    uint8_t* payload =
+        copies() ? payload_dev_ : reinterpret_cast<uint8_t*>(send_.data() + sizeof(h));
+    auto st = device_->Encode(AsFloat(grad), max_norm_, payload);
     if (st != thc::Status::kOk) error_ = "encode failed: " + StatusMessage(st, max_norm_);
   }
   if (!error_.empty()) return {send_.data(), sizeof(h), grad.dtype};
+  payload_ready_ = true;
   return {send_.data(), send_.size(), grad.dtype};
 }
 
@@ -165,21 +209,33 @@ std::string ThcCompressor::ParseNormReply(size_t bytes, double* max_norm) const 
   return "";
 }
 
+std::string ThcCompressor::CheckReply(size_t bytes, thcwire::PullHeader* h) const {
+  std::string err = CheckPullReply(bytes, "a THC", h);
+  if (!err.empty()) return err;
+  const int w = thc::SumBits(cfg_, h->num_workers);
+  if (w == 0 || w != static_cast<int>(h->lane_bits) ||
+      h->payload_bytes != thc::PackedSumsBytes(geo_.padded, w)) {
+    std::ostringstream os;
+    os << "reply with " << h->lane_bits << "-bit sums for " << h->num_workers << " workers and "
+       << h->payload_bytes << " bytes does not fit " << geo_.padded << " coordinates (" << w
+       << "-bit sums for granularity " << cfg_.granularity << ")";
+    return os.str();
+  }
+  return "";
+}
+
 tensor_t ThcCompressor::Decompress(tensor_t compressed) {
   const tensor_t none{compressed.data, 0, compressed.dtype};
   thcwire::PullHeader h;
-  error_ = CheckPullReply(compressed.size, "a THC", &h);
-  if (error_.empty()) {
-    const thc::Geometry& geo = encoder_->geometry();
-    const int w = thc::SumBits(cfg_, h.num_workers);
-    if (w == 0 || w != static_cast<int>(h.lane_bits) ||
-        h.payload_bytes != thc::PackedSumsBytes(geo.padded, w)) {
-      std::ostringstream os;
-      os << "reply with " << h.lane_bits << "-bit sums for " << h.num_workers << " workers and "
-         << h.payload_bytes << " bytes does not fit " << geo.padded << " coordinates (" << w
-         << "-bit sums for granularity " << cfg_.granularity << ")";
-      error_ = os.str();
-    }
+  const uint8_t* sums = nullptr;
+  if (copies()) {  // COPYH2D checked the reply and moved its sums to the device
+    error_ = reply_copied_ ? reply_error_ : "no reply was copied to the device before the decode";
+    h = reply_;
+    sums = sums_dev_;
+    reply_copied_ = false;
+  } else {
+    error_ = CheckReply(compressed.size, &h);
+    sums = reinterpret_cast<const uint8_t*>(recv_.data()) + sizeof(h);
   }
   if (!error_.empty()) return none;
   // The decoded mean: the decode's last scale carries the 1/n, so the pull of a THC tensor
@@ -187,9 +243,8 @@ tensor_t ThcCompressor::Decompress(tensor_t compressed) {
   // thc_stage.h; a sum multiplies by n).
   float* out =
       _dtype == BYTEPS_FLOAT32 ? reinterpret_cast<float*>(compressed.data) : scratch_.data();
-  auto st = thc::DecodePacked(cfg_, d_, reinterpret_cast<const uint8_t*>(recv_.data()) + sizeof(h),
-                              h.payload_bytes, static_cast<int>(h.lane_bits), h.num_workers,
-                              max_norm_, out, /*total=*/false, settings_.codec_threads);
+  auto st = device_->Decode(sums, h.payload_bytes, static_cast<int>(h.lane_bits), h.num_workers,
+                            max_norm_, out);
   if (st != thc::Status::kOk) {
     error_ = std::string("decode failed: ") + thc::StatusText(st);
     return none;

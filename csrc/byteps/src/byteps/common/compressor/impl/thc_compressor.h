@@ -1,8 +1,9 @@
 // byteps-thc: THC in BytePS's compressor registry (worker side), name "thc".
 //
-// One instance per partition (BytePS creates one per key). It owns the partition's thc::Encoder
-// (which keeps THC's own error-feedback residual, so BytePS's EF decorator is never stacked on
-// it) and the buffers the pipeline needs:
+// One instance per partition (BytePS creates one per key). It owns the partition's codec, on the
+// partition's device (thc_device.h: the CPU core on the host by default; it keeps THC's own
+// error-feedback residual, so BytePS's EF decorator is never stacked on it), and the buffers the
+// pipeline needs:
 //   THC_NORM stage (common/thc_stage.cc): Bind() the key, LocalNorm(), the max-norm round;
 //   COMPRESS: Compress() = header + thc::Encoder::Encode with the max norm;
 //   PULL:     into ReceiveBuffer() (the integer sums can be larger than the partition's bytes);
@@ -21,6 +22,7 @@
 #include <vector>
 
 #include "max_round_compressor.h"
+#include "thc_device.h"
 #include "thc_wire.h"
 
 namespace byteps {
@@ -46,7 +48,7 @@ class ThcCompressor : public MaxRoundCompressor {
   // this worker's rank (the rounding stream) and the partition's name (for messages).
   // Returns "" or an error message. Later calls must agree.
   std::string Bind(uint64_t key, size_t bytes, uint32_t rank, const std::string& name) override;
-  bool bound() const override { return encoder_ != nullptr; }
+  bool bound() const override { return bound_; }
   // ||grad + residual||_2 of the partition (it rotates the gradient with error feedback, and
   // Compress() reuses that); "" or what went wrong, in words. A NaN in the gradient gives a NaN
   // norm, an Inf (or a rotation that overflows float32) +inf, and *nonfinite then says which
@@ -60,12 +62,45 @@ class ThcCompressor : public MaxRoundCompressor {
 
   const thcwire::ThcSettings& settings() const { return settings_; }
 
+  // ---- the device stages (thc_device.h) ----
+  // Before Bind(): the partition's codec runs on `device` (default: the host's CPU core). When
+  // its memory is not the host's, Compress() leaves the payload on the device and Decompress()
+  // reads the sums there; the plan's copies between them are these:
+  void UseDevice(std::unique_ptr<thcdevice::Device> device);
+  bool copies() const { return device_ && !device_->host_memory(); }
+  const char* device_name() const { return device_ ? device_->name() : "host"; }
+  struct Copy {
+    void* dst = nullptr;
+    const void* src = nullptr;
+    size_t bytes = 0;  // 0: nothing to copy
+  };
+  // COPYD2H: the payload of the last successful Compress() into the push buffer, after the
+  // header that Compress() wrote; nothing after a failed one (its header-only push goes out).
+  Copy PayloadCopy();
+  // COPYH2D: checks the pulled reply of `bytes` bytes (a failure is kept for Decompress() to
+  // report) and returns the copy of its packed sums to the device; nothing for a failed reply.
+  Copy SumsCopy(size_t bytes);
+  // What the copies carry for this partition with n workers (the plan's log line).
+  size_t payload_bytes() const { return geo_.payload_bytes; }
+  size_t sums_bytes(uint32_t num_workers) const;
+
  private:
   const float* AsFloat(tensor_t grad);  // grad as float32 (converted into scratch_ if needed)
+  // "" when the pulled reply of `bytes` bytes in recv_ is this partition's sums (*h its header),
+  // else what is wrong with it or the server's error.
+  std::string CheckReply(size_t bytes, thcwire::PullHeader* h) const;
 
   thcwire::ThcSettings settings_;
   thc::Config cfg_;  // the partition's (seed mixed with the key)
-  std::unique_ptr<thc::Encoder> encoder_;
+  std::unique_ptr<thcdevice::Device> device_;
+  thc::Geometry geo_{};
+  bool bound_ = false;
+  uint8_t* payload_dev_ = nullptr;  // with copies(): the payload and the sums on the device
+  uint8_t* sums_dev_ = nullptr;
+  bool payload_ready_ = false;  // Compress() succeeded and PayloadCopy() has not run
+  bool reply_copied_ = false;   // SumsCopy() ran for the pending Decompress()
+  std::string reply_error_;     // ... and what was wrong with the reply
+  thcwire::PullHeader reply_{};
   double max_norm_ = 0.0;
   std::vector<float> scratch_;
 };
