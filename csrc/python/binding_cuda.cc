@@ -116,6 +116,7 @@ void RegisterCuda(py::module_& parent) {
       },
       py::arg("code"), py::arg("d"), "(d, block, padded, payload_bytes)");
   m.def("lane_bits", &LaneBits, py::arg("code"), py::arg("num_workers"));
+  m.def("sum_bits", &SumBits, py::arg("code"), py::arg("num_workers"));
   m.def("workspace_floats", &WorkspaceFloats, py::arg("code"), py::arg("d"),
         "floats of device workspace encode/decode need for d elements (0: none)");
 
@@ -183,10 +184,11 @@ void RegisterCuda(py::module_& parent) {
       "decode",
       [](const Code& code, uintptr_t sums, int lane_bits, uint32_t num_workers, uint64_t d,
          double max_norm, uintptr_t max_norm_ptr, uintptr_t out, uintptr_t out_cast, int out_dtype,
-         uintptr_t workspace, uintptr_t status, uintptr_t stream) {
+         uintptr_t workspace, uintptr_t status, uintptr_t stream, int sum_bits) {
         DecodeArgs a;
         a.sums = Ptr<const void>(sums);
         a.lane_bits = lane_bits;
+        a.sum_bits = sum_bits;
         a.num_workers = num_workers;
         a.d = d;
         a.max_norm = max_norm;
@@ -201,7 +203,8 @@ void RegisterCuda(py::module_& parent) {
       },
       py::arg("code"), py::arg("sums"), py::arg("lane_bits"), py::arg("num_workers"), py::arg("d"),
       py::arg("max_norm"), py::arg("max_norm_ptr"), py::arg("out"), py::arg("out_cast"),
-      py::arg("out_dtype"), py::arg("workspace"), py::arg("status"), py::arg("stream"));
+      py::arg("out_dtype"), py::arg("workspace"), py::arg("status"), py::arg("stream"),
+      py::arg("sum_bits") = 0);
 }
 
 }  // namespace thc_python

@@ -539,6 +539,24 @@ def test_emulated_kernels_bit_exact(emu, case):
     assert np.array_equal(out.view(np.uint32), want.view(np.uint32))
     want_cast = torch.from_numpy(want).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
     assert np.array_equal(cast, want_cast)
+    # the server's published stream, as a worker pulls it: ceil(log2(n*g + 1)) bits a sum
+    w = R.sum_bits(cfg, n)
+    assert k.sum_bits(code, n) == w
+    packed = R.pack_sums(sums, w)
+    out_p = np.zeros(d, np.float32)
+    k.decode(code, packed.ctypes.data, 0, n, d, m, 0, out_p.ctypes.data, 0, k.FLOAT32, wsp, 0, 0,
+             sum_bits=w)
+    assert np.array_equal(out_p.view(np.uint32), want.view(np.uint32))
+
+
+def test_emulated_decode_refuses_a_sum_width_the_workers_do_not_make(emu):
+    cfg = ThcConfig()  # g = 30: 2 workers' sums need 6 bits
+    code = _emu_code(emu, cfg)
+    packed = np.zeros(1024, np.uint8)
+    out = np.zeros(1000, np.float32)
+    with pytest.raises(ValueError, match="sum_bits=7 but 2 workers' sums need 6"):
+        emu.decode(code, packed.ctypes.data, 0, 2, 1000, 1.0, 0, out.ctypes.data, 0, emu.FLOAT32,
+                   0, 0, 0, sum_bits=7)
 
 
 @pytest.mark.parametrize("d,kw", [(1000, {}), (40000, {}), (40000, dict(chunk_log=15))])

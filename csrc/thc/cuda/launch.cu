@@ -19,6 +19,7 @@ namespace thc {
 namespace cuda {
 
 using detail::Dst;
+using detail::PackedSums;
 using detail::Src;
 using detail::TileParams;
 
@@ -214,7 +215,9 @@ cudaError_t DecodeT(const Code& code, const Geometry& g, TileParams* p, const De
   const uint64_t cast_size = a.out_dtype == kFloat32 ? 4 : 2;
   return ForEachChunk(code, g, p, [&](uint64_t off, const Plan& plan) {
     p->zero_at_m0 = true;
-    p->src = Advance(a.sums, off * sizeof(L));
+    // a chunk starts at a multiple of 8 coordinates: a whole byte of the packed stream too
+    p->src = Advance(a.sums,
+                     std::is_same<L, PackedSums>::value ? off * a.sum_bits / 8 : off * sizeof(L));
     p->out = a.out ? a.out + off : nullptr;
     p->out_cast = Advance(a.out_cast, off * cast_size);
     return ChunkPasses<Src::kSums, Dst::kOut, L>(plan, p, a.workspace, stream);
@@ -268,6 +271,13 @@ Geometry MakeGeometry(const Code& code, uint64_t d) {
   g.payload_bytes = (g.padded * static_cast<uint64_t>(code.bits) + 7) / 8;
   g.log_block = Log2(g.block);
   return g;
+}
+
+int SumBits(const Code& code, uint32_t num_workers) {
+  uint64_t top = static_cast<uint64_t>(num_workers) * code.granularity;
+  int bits = 0;
+  for (; top; top >>= 1) ++bits;
+  return bits <= 32 ? bits : 0;
 }
 
 int LaneBits(const Code& code, uint32_t num_workers) {
@@ -369,7 +379,11 @@ std::string LaunchDecode(const Code& code, const DecodeArgs& a, cudaStream_t str
   if (a.num_workers < 1) return "thc.cuda: num_workers must be >= 1";
   const int lanes = LaneBits(code, a.num_workers);
   if (lanes == 0) return "thc.cuda: num_workers * granularity does not fit 32 bits";
-  if (a.lane_bits != lanes)
+  if (a.sum_bits != 0 && a.sum_bits != SumBits(code, a.num_workers))
+    return "thc.cuda: sum_bits=" + std::to_string(a.sum_bits) + " but " +
+           std::to_string(a.num_workers) + " workers' sums need " +
+           std::to_string(SumBits(code, a.num_workers));
+  if (a.sum_bits == 0 && a.lane_bits != lanes)
     return "thc.cuda: lane_bits=" + std::to_string(a.lane_bits) + " but " +
            std::to_string(a.num_workers) + " workers need " + std::to_string(lanes);
   if (a.out_cast && a.out_dtype != kFloat32 && a.out_dtype != kFloat16 && a.out_dtype != kBFloat16)
@@ -383,8 +397,10 @@ std::string LaunchDecode(const Code& code, const DecodeArgs& a, cudaStream_t str
   p.max_norm = a.max_norm;
   p.status = a.status;
   p.status_out = a.status_out;
+  p.sum_bits = a.sum_bits;
   cudaError_t err;
-  switch (a.lane_bits) {
+  switch (a.sum_bits ? 0 : a.lane_bits) {
+    case 0: err = DecodeT<PackedSums>(code, g, &p, a, stream); break;
     case 8: err = DecodeT<uint8_t>(code, g, &p, a, stream); break;
     case 16: err = DecodeT<uint16_t>(code, g, &p, a, stream); break;
     default: err = DecodeT<uint32_t>(code, g, &p, a, stream); break;

@@ -57,6 +57,9 @@ Geometry MakeGeometry(const Code& code, uint64_t d);
 
 // Bits of one aggregation lane for n workers: 8, 16, 32; 0 if n*g does not fit 32 bits.
 int LaneBits(const Code& code, uint32_t num_workers);
+// Bits of one published sum for n workers (docs/ALGORITHM.md, "Publish"): ceil(log2(n*g + 1)),
+// 0 if n*g does not fit 32 bits. The CPU core's thc::SumBits.
+int SumBits(const Code& code, uint32_t num_workers);
 
 // Floats of device scratch that LaunchNorm (with error feedback) / LaunchEncode / LaunchDecode
 // need (0 when the rotation block fits one thread block, i.e. up to 2^14; else one chunk:
@@ -118,8 +121,10 @@ struct AggregateArgs {
 std::string LaunchAggregate(const Code& code, const AggregateArgs& a, cudaStream_t stream);
 
 struct DecodeArgs {
-  const void* sums = nullptr;  // d_pad lanes of lane_bits
+  const void* sums = nullptr;  // d_pad lanes of lane_bits, or the packed stream (sum_bits)
   int lane_bits = 8;
+  int sum_bits = 0;  // > 0: sums is the server's published stream, d_pad sums of SumBits() bits
+                     // each, LSB first (what a worker pulls); lane_bits is then not read
   uint32_t num_workers = 1;
   uint64_t d = 0;
   const double* max_norm_dev = nullptr;

@@ -25,6 +25,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <type_traits>
 
 #include "common.cuh"
 
@@ -41,6 +42,9 @@ constexpr int kLogE = 4;  // bits per register pass
 constexpr int kE = 1 << kLogE;
 
 enum class Src : int { kGrad = 0, kScratch = 1, kSums = 2 };
+// Src::kSums's lane type for the server's published stream (docs/ALGORITHM.md, "Publish"):
+// sums of TileParams::sum_bits bits each, LSB first, packed without gaps.
+struct PackedSums {};
 enum class Dst : int { kScratch = 0, kQuant = 1, kNorm = 2, kOut = 3 };
 
 struct TileParams {
@@ -69,6 +73,7 @@ struct TileParams {
   double clip = 0;
   double sqrt_padded = 0, sqrt_block = 0;
   uint32_t num_workers = 1;
+  int sum_bits = 0;  // Src::kSums with PackedSums: the width of one sum, 1..32
   uint32_t sign_key = 0, round_key = 0;
   const double* max_norm_dev = nullptr;
   double max_norm = 0;
@@ -148,6 +153,23 @@ __device__ __forceinline__ void Flag(int* status, int bit) {
   if (status) atomicOr(status, bit);
 }
 
+// Sum j of a decode's source: a lane of type T, or bits [j*w, j*w + w) of the packed stream.
+template <typename T>
+__device__ __forceinline__ uint32_t SumAt(const TileParams& p, uint64_t j) {
+  if constexpr (std::is_same<T, PackedSums>::value) {
+    const uint8_t* bytes = static_cast<const uint8_t*>(p.src);
+    const uint64_t bit = j * static_cast<uint64_t>(p.sum_bits);
+    const int shift = static_cast<int>(bit & 7);
+    const int nbytes = (shift + p.sum_bits + 7) >> 3;  // at most 5; none past the stream's end
+    uint64_t v = 0;
+    for (int b = 0; b < nbytes; ++b) v |= static_cast<uint64_t>(bytes[(bit >> 3) + b]) << (8 * b);
+    const uint64_t mask = p.sum_bits == 32 ? 0xFFFFFFFFull : ((uint64_t{1} << p.sum_bits) - 1);
+    return static_cast<uint32_t>((v >> shift) & mask);
+  } else {
+    return static_cast<const T*>(p.src)[j];
+  }
+}
+
 template <int LT, Src S, Dst D, typename T>
 __global__ void __launch_bounds__(kThreads, 4) TileKernel(const __grid_constant__ TileParams p) {
   constexpr int kTile = 1 << LT;
@@ -220,7 +242,6 @@ __global__ void __launch_bounds__(kThreads, 4) TileKernel(const __grid_constant_
       s[Pad(l)] = j < p.padded ? src[j] : 0.f;
     }
   } else {  // Src::kSums
-    const T* sums = static_cast<const T*>(p.src);
     const double G = static_cast<double>(p.granularity), Tc = p.clip;
     const float m1 = static_cast<float>(2.0 * Tc / G / static_cast<double>(p.num_workers) * M /
                                         p.sqrt_padded / p.sqrt_block);
@@ -228,7 +249,7 @@ __global__ void __launch_bounds__(kThreads, 4) TileKernel(const __grid_constant_
     for (uint32_t l = tid; l < kTile; l += kThreads) {
       const uint64_t j = map(l);
       float z = 0.f;
-      if (j < p.padded) z = __fadd_rn(__fmul_rn(__uint2float_rn(sums[j]), m1), m0);
+      if (j < p.padded) z = __fadd_rn(__fmul_rn(__uint2float_rn(SumAt<T>(p, j)), m1), m0);
       s[Pad(l)] = z;
     }
   }
@@ -417,7 +438,8 @@ cudaError_t LaunchTile(const TileParams& p, cudaStream_t stream);
 #define THC_DEFINE_LAUNCH_TILES_PER_SUM_LANE(S, D) \
   THC_DEFINE_LAUNCH_TILES(S, D, uint8_t)           \
   THC_DEFINE_LAUNCH_TILES(S, D, uint16_t)          \
-  THC_DEFINE_LAUNCH_TILES(S, D, uint32_t)
+  THC_DEFINE_LAUNCH_TILES(S, D, uint32_t)          \
+  THC_DEFINE_LAUNCH_TILES(S, D, PackedSums)
 
 }  // namespace detail
 }  // namespace cuda
