@@ -34,9 +34,18 @@ def logged_waits(do_push_pull: Callable, synchronize: Callable,
 
     def wait(handle):
         with lock:
-            name = names.pop(handle, None)
-        with _waits.waiting(name or f"an unnamed tensor (handle {handle})", rank()):
-            return synchronize(handle)
+            name = names.get(handle)
+        interrupted = False
+        try:
+            with _waits.waiting(name or f"an unnamed tensor (handle {handle})", rank()):
+                return synchronize(handle)
+        except KeyboardInterrupt:  # the push_pull goes on: its handle can be waited for again
+            interrupted = True
+            raise
+        finally:
+            if not interrupted:
+                with lock:
+                    names.pop(handle, None)
 
     push_pull.__doc__ = do_push_pull.__doc__
     wait.__doc__ = synchronize.__doc__

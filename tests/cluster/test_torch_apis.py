@@ -22,6 +22,7 @@ DDP = os.path.join(SCRIPTS, "torch_ddp.py")
 BARRIER = os.path.join(SCRIPTS, "torch_cross_barrier.py")
 ASYNC = os.path.join(SCRIPTS, "torch_async.py")
 SYNTHETIC = os.path.join(SCRIPTS, "torch_synthetic.py")
+INTERRUPT = os.path.join(SCRIPTS, "torch_interrupt.py")
 STEPS = ["--num-warmup-batches", "2", "--num-batches-per-iter", "6", "--num-iters", "3"]
 COUNTS = (f"{len(cf.SIZES)} gradient tensors: {cf.BIG} compressed, {cf.SMALL} under "
           f"BYTEPS_MIN_COMPRESS_BYTES={cf.THRESHOLD} go uncompressed")
@@ -85,6 +86,18 @@ def test_ddp_explicit_fp16_stays_with_one_warning():
     _agree(r)
 
 
+
+
+def test_ctrl_c_interrupts_a_blocked_synchronize_and_loses_nothing():
+    """SIGINT one second into a synchronize() that waits for a worker 8 s late ends the wait with
+    KeyboardInterrupt at once (within the 0.1 s signal check, well before the late push), and
+    synchronizing the same handle again returns the whole sum (1 + 2 = 3) on both ranks."""
+    r = run([INTERRUPT], env={"THC_TEST_LATE_S": "8"})
+    m = re.search(r"rank 0: KeyboardInterrupt after ([\d.]+) s", r.output)
+    assert m, r.output[-3000:]
+    assert float(m.group(1)) < 4.0, r.output[-3000:]
+    for rank in (0, 1):
+        assert f"rank {rank}: sum 3.0 of 1000" in r.output, r.output[-3000:]
 
 
 @pytest.mark.parametrize("script", [DDP, BARRIER], ids=["ddp", "cross_barrier"])
