@@ -2,7 +2,7 @@
 # One prepared check for a lent GPU machine (one H200, 16 cores, no internet; its image has
 # PyTorch for CUDA 13.x, nvcc 13, pybind11, pytest), run with the system python3 (not .venv):
 #
-#   scripts/gpu_check.sh OUTDIR        # there; about 6-8 minutes, never more than GPU_CHECK_BUDGET
+#   scripts/gpu_check.sh OUTDIR        # there; never more than GPU_CHECK_BUDGET (540 s)
 #   scripts/gpu_check.sh --prepare     # here, online, before: fills .cache/gpu_check (below)
 #
 # Steps, each under `timeout` (its cap in seconds, or less when the budget runs out):
