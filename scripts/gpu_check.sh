@@ -105,8 +105,8 @@ nvidia-smi --query-gpu=name,compute_cap,driver_version,memory.total --format=csv
 nvcc --version | tail -n 2
 nproc; free -g | head -n 2
 # Only this GPU's architecture: a quicker build (CI and wheels build them all).
-CAP=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n1 | tr -d ' .')
-export THC_CUDA_ARCHS=${THC_CUDA_ARCHS:-${CAP:-90}} THC_CUDA_JOBS=${THC_CUDA_JOBS:-8}
+ARCH=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n1 | tr -d ' .')
+export THC_CUDA_ARCHS=${THC_CUDA_ARCHS:-${ARCH:-90}} THC_CUDA_JOBS=${THC_CUDA_JOBS:-8}
 echo "THC_CUDA_ARCHS=$THC_CUDA_ARCHS"
 TORCH_CUDA=$("$PY" -c 'import torch; print(int(bool(torch.version.cuda) and torch.cuda.is_available()))' 2>/dev/null || echo 0)
 
