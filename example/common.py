@@ -36,6 +36,10 @@ class Single:
         return 1
 
     @staticmethod
+    def local_rank():
+        return 0
+
+    @staticmethod
     def shutdown():
         pass
 

@@ -14,32 +14,37 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 
-def make_model(hidden, dtype):
+def make_model(hidden, dtype, device="cpu"):
     torch.manual_seed(1234)  # every worker starts alike; the launchers' broadcasts make sure
+    # initialised on the CPU, then moved: the same initial weights on every device
     return torch.nn.Sequential(
         torch.nn.Linear(64, hidden), torch.nn.ReLU(),
         torch.nn.Linear(hidden, hidden), torch.nn.ReLU(),
-        torch.nn.Linear(hidden, 10)).to(dtype)
+        torch.nn.Linear(hidden, 10)).to(device=device, dtype=dtype)
 
 
 def param_digest(model):
     h = hashlib.sha256()
     for name, p in sorted(model.state_dict().items()):
         h.update(name.encode())
-        h.update(p.detach().contiguous().view(torch.uint8).numpy().tobytes()
-                 if p.dtype != torch.bfloat16 else p.detach().float().numpy().tobytes())
+        p = p.detach().cpu()  # the same bytes from any device
+        h.update(p.contiguous().view(torch.uint8).numpy().tobytes()
+                 if p.dtype != torch.bfloat16 else p.float().numpy().tobytes())
     return h.hexdigest()[:16]
 
 
 class Digits:
-    """This rank's training shard and the test set as tensors (example.common's split)."""
+    """This rank's training shard and the test set as tensors on `device` (example.common's
+    split)."""
 
-    def __init__(self, common, args, rank, size, dtype):
+    def __init__(self, common, args, rank, size, dtype, device="cpu"):
         data = common.load_digits_split(args.seed)
         x_tr, y_tr, self.steps_per_epoch = common.shard(data[0], rank, size, args.batch_size)
         self.n_train, (x_te, y_te) = len(data[0][1]), data[1]
-        self.x_tr, self.y_tr = torch.from_numpy(x_tr).to(dtype), torch.from_numpy(y_tr)
-        self.x_te, self.y_te = torch.from_numpy(x_te).to(dtype), torch.from_numpy(y_te)
+        self.x_tr = torch.from_numpy(x_tr).to(device=device, dtype=dtype)
+        self.y_tr = torch.from_numpy(y_tr).to(device)
+        self.x_te = torch.from_numpy(x_te).to(device=device, dtype=dtype)
+        self.y_te = torch.from_numpy(y_te).to(device)
 
     def banner(self, args, size, net, how):
         """The run's first line, which bench_network.py reads (rank 0 prints it); `how` says

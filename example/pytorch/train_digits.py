@@ -9,6 +9,10 @@ except `--compressor none`: like upstream's `Compression.none`, it leaves the ch
 Prints per-epoch progress and the final test accuracy. `--stats-json` writes what rank 0 measured
 (accuracy, steps, bytes that crossed the loopback interface during training), for scripts/demo.py.
 
+`--device cuda` puts the model, the data and so the gradients on this worker's GPU (BytePS's local
+rank; the fork must be built with its CUDA worker, BYTEPS_THC_CPU_ONLY=0); the default is the CPU.
+The batch order and the initial weights do not depend on the device.
+
 Without a BytePS launcher (no DMLC_ROLE) it trains in this one process, uncompressed.
 """
 import sys
@@ -23,18 +27,25 @@ from example import common
 def parse_args(argv=None):
     p = common.digits_parser(__doc__)
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="where the model and its gradients live (cuda: the local rank's GPU)")
     return p.parse_args(argv)
 
 
 def main(argv=None):
     args = parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        sys.exit("--device cuda: torch sees no CUDA device "
+                 f"(torch {torch.__version__}, built for CUDA {torch.version.cuda})")
     bps, distributed = common.start("torch")
     rank, size = bps.rank(), bps.size()
     dtype = getattr(torch, args.dtype)
+    device = torch.device("cuda", bps.local_rank()) if args.device == "cuda" else "cpu"
+    device = torch.device(device)
 
-    data = Digits(common, args, rank, size, dtype)
+    data = Digits(common, args, rank, size, dtype, device)
 
-    model = make_model(args.hidden, dtype)
+    model = make_model(args.hidden, dtype, device)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
     compression_name = "none"
     if distributed:
@@ -50,11 +61,11 @@ def main(argv=None):
               f"{size} worker(s), {data.steps_per_epoch} steps/epoch of {args.batch_size} "
               "per worker, "
               f"MLP 64-{args.hidden}-{args.hidden}-10 ({n_params} parameters, {args.dtype}), "
-              f"compression {compression_name}", flush=True)
+              f"compression {compression_name}, on {device}", flush=True)
 
     def barrier(tag):
         if distributed and size > 1:
-            t = torch.zeros(1)
+            t = torch.zeros(1, device=device)
             bps.push_pull(t, average=False, name=f"barrier.{tag}")
 
     barrier("start")
@@ -64,7 +75,7 @@ def main(argv=None):
     seconds = time.perf_counter() - t0
     result = dict(common.wire_stats(tx0, common.loopback_tx_bytes(), steps),
                   accuracy=data.accuracy(model), steps=steps, seconds=seconds,
-                  digest=param_digest(model),
+                  digest=param_digest(model), device=str(device),
                   param_bytes=sum(p.numel() * p.element_size() for p in model.parameters()))
     return common.finish(bps, args, result)
 
