@@ -265,9 +265,14 @@ def _block_max_norms(cfg: ThcConfig, geo: Geometry, max_norm) -> np.ndarray:
     return m
 
 
+def _block_scale(cfg) -> bool:
+    """cfg.block_scale; a duck-typed configuration without the field has one norm a partition."""
+    return bool(getattr(cfg, "block_scale", False))
+
+
 def _check_max_norm(cfg: ThcConfig, geo: Geometry, max_norm):
     """The checked max norm: a float, or with block_scale an array of one per block."""
-    if cfg.block_scale:
+    if _block_scale(cfg):
         return _block_max_norms(cfg, geo, max_norm)
     if np.ndim(max_norm) != 0:
         raise ValueError("max_norm must be one number (block_scale is off)")
@@ -322,7 +327,7 @@ def encode(cfg: ThcConfig, grad, max_norm, rank: int, step: int, residual=None):
         raise
     ef = residual is not None
     y = rotate(cfg, grad, residual)
-    if cfg.block_scale:
+    if _block_scale(cfg):
         return _encode_blocks(cfg, geo, y, max_norm, rank, step, ef)
     if max_norm == 0:
         q = np.zeros(geo.padded, dtype=np.uint8)
@@ -434,7 +439,7 @@ def decode(cfg: ThcConfig, sums, d: int, num_workers: int, max_norm: float,
     the scale). With block_scale, max_norm holds one M_k per rotation block."""
     geo = geometry(cfg, d)
     max_norm = _check_max_norm(cfg, geo, max_norm)
-    if cfg.block_scale:
+    if _block_scale(cfg):
         return _decode_blocks(cfg, geo, sums, num_workers, max_norm, total)
     if max_norm == 0:
         return np.zeros(d, dtype=F32)
@@ -479,7 +484,7 @@ def simulate_round(cfg: ThcConfig, grads, rank_offset: int = 0, step: int = 0, r
     """
     n = len(grads)
     res = residuals if residuals is not None else [None] * n
-    if cfg.block_scale:  # the norm round's max, block by block
+    if _block_scale(cfg):  # the norm round's max, block by block
         m = np.max([block_norms(gr, r, cfg) for gr, r in zip(grads, res)], axis=0)
     else:
         m = max(norm(gr, r, cfg) for gr, r in zip(grads, res))
