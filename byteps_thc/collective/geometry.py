@@ -21,6 +21,7 @@ import hashlib
 from typing import List, Optional, Sequence, Tuple
 
 from .. import ThcConfig
+from ..thc.config import TILE_ALIGN
 
 PAD_SLACK = 1.05
 PREFERRED_BLOCK = 1 << 14
@@ -85,17 +86,25 @@ def bucket_seed(seed: int, key: Sequence[int]) -> int:
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little")
 
 
+def codec_block(cfg: ThcConfig, d: int) -> int:
+    """The rotation_block a partition's codec is given: `bucket_block`, and with block_scale at
+    least TILE_ALIGN (32), the least block a scale may have (the codec caps it at next_pow2(d),
+    so a partition of d <= 16 is still one block)."""
+    block = bucket_block(d, cfg.rotation_block)
+    return max(block, TILE_ALIGN) if cfg.block_scale else block
+
+
 def bucket_config(cfg: ThcConfig, d: int, key: Sequence[int]) -> ThcConfig:
     """The codec configuration of one bucket: cfg with its block and per-bucket seed."""
-    return dataclasses.replace(cfg, rotation_block=bucket_block(d, cfg.rotation_block),
+    return dataclasses.replace(cfg, rotation_block=codec_block(cfg, d),
                                seed=bucket_seed(cfg.seed, key))
 
 
 def shard_config(cfg: ThcConfig) -> ThcConfig:
     """The aggregator's configuration of one shard: the sums are a table lookup and an integer
     add per coordinate, independent of the rotation, so a block of 1 makes the aggregator's
-    geometry exactly the shard (no padding)."""
-    return dataclasses.replace(cfg, rotation_block=1)
+    geometry exactly the shard (no padding), and no scale (block_scale off)."""
+    return dataclasses.replace(cfg, rotation_block=1, block_scale=False)
 
 
 def fsdp_shard_config(cfg: ThcConfig, size: int, key: int, shard: int,
@@ -103,7 +112,7 @@ def fsdp_shard_config(cfg: ThcConfig, size: int, key: int, shard: int,
     """The codec configuration of shard `shard` of an FSDP param group whose shards hold `size`
     values: each shard is a partition of its own (its block by `bucket_block`, its seed by the
     group's key and the shard's index), so that its owner decodes it alone."""
-    return dataclasses.replace(cfg, rotation_block=bucket_block(size, cfg.rotation_block),
+    return dataclasses.replace(cfg, rotation_block=codec_block(cfg, size),
                                seed=bucket_seed(cfg.seed, (key, shard)),
                                error_feedback=error_feedback)
 
@@ -118,6 +127,6 @@ def ring_allreduce_bytes(d: int, num_ranks: int, elem_bytes: int = 4) -> float:
     return 2 * (num_ranks - 1) / num_ranks * elem_bytes * d
 
 
-__all__ = ["bucket_block", "padded_size", "shard_bounds", "byte_range", "bucket_seed",
-           "bucket_config", "shard_config", "fsdp_shard_config", "wire_bytes",
+__all__ = ["bucket_block", "codec_block", "padded_size", "shard_bounds", "byte_range",
+           "bucket_seed", "bucket_config", "shard_config", "fsdp_shard_config", "wire_bytes",
            "ring_allreduce_bytes"]

@@ -6,7 +6,9 @@ steps 1-4 are the THC collective's (byteps_thc.collective.rounds), which FSDP's 
 
 1. Norm round: every rank computes the norm of x = gradient + its error-feedback residual
    (sqrt(sum(y^2)/B) of the rotation y, residual included), and one `all_reduce(MAX)` of
-   [norm, non-finite flag, fingerprint, -fingerprint] gives the agreed M.
+   [norm, non-finite flag, fingerprint, -fingerprint] gives the agreed M. With
+   `config.block_scale` the norm of each rotation block instead (a few hundred bytes for a
+   25 MB bucket in blocks of 2^16), and each block is quantised on its own agreed M_k.
    A differing fingerprint (configuration or hook settings) raises ValueError on every rank.
    A non-finite norm anywhere (the flag travels separately, since MAX may drop a NaN) makes the
    bucket's result NaN on every rank; nothing aborts, and the residuals and step stay as they
@@ -134,10 +136,10 @@ def _compressed(state: ThcHookState, lay: Layout, buf: torch.Tensor):
     parts = [(codec, x)]
     ms = yield from rounds.norm_round(group, parts, state.fingerprint_words(),  # 1
                                       buf.device, _mismatch(state))
-    m = math.nan if ms is None else ms[0]
+    m = math.nan if ms is None else ms[0]  # block_scale: an array, one M_k per block
     if state.trace is not None:
         state.trace.append((lay.key, m))
-    if not math.isfinite(m) or rounds.too_large(m, codec.block, lay.cfg.clip):
+    if ms is None or not rounds.finite(m) or rounds.too_large(m, codec.block, lay.cfg.clip):
         state.stats["nonfinite_steps"] += 1
         return flat.fill_(math.nan).view(buf.shape)
 
