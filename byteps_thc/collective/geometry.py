@@ -27,26 +27,30 @@ PAD_SLACK = 1.05
 PREFERRED_BLOCK = 1 << 14
 MIN_BLOCK = 1 << 10
 SHARD_ALIGN = 8  # coordinates: 8 indices of b bits are b whole bytes, for every b
+# block_scale's largest block: each block has its own scale, so a larger one lowers no error
+# and costs passes beyond the caches (docs/results/2026-12-03-block-scale.md)
+SCALE_BLOCK = 1 << 16
 
 
 def next_pow2(n: int) -> int:
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
 
 
-def bucket_block(d: int, requested: Optional[int] = None) -> int:
+def bucket_block(d: int, requested: Optional[int] = None, largest: Optional[int] = None) -> int:
     """The rotation block for a bucket of d values (the hook's one tiling rule).
 
     `requested` (a ThcConfig's rotation_block) overrides the rule, capped at next_pow2(d) as the
-    codec caps it. Otherwise: the largest power of two B in [PREFERRED_BLOCK, next_pow2(d)] with
-    ceil(d/B)*B <= PAD_SLACK*d; else the largest such B in [MIN_BLOCK, PREFERRED_BLOCK); else
-    MIN_BLOCK, or next_pow2(d) when that is smaller (one block).
+    codec caps it. Otherwise: the largest power of two B in [PREFERRED_BLOCK, next_pow2(d)] (and
+    <= `largest`, if given) with ceil(d/B)*B <= PAD_SLACK*d; else the largest such B in
+    [MIN_BLOCK, PREFERRED_BLOCK); else MIN_BLOCK, or next_pow2(d) when that is smaller (one
+    block).
     """
     if not isinstance(d, int) or d < 1:
         raise ValueError(f"bucket size d={d!r} must be a positive integer")
     whole = next_pow2(d)
     if requested is not None:
         return min(requested, whole)
-    b = whole
+    b = whole if largest is None else min(whole, largest)
     while b >= MIN_BLOCK:
         if padded_size(d, b) <= PAD_SLACK * d:
             return b
@@ -87,11 +91,13 @@ def bucket_seed(seed: int, key: Sequence[int]) -> int:
 
 
 def codec_block(cfg: ThcConfig, d: int) -> int:
-    """The rotation_block a partition's codec is given: `bucket_block`, and with block_scale at
-    least TILE_ALIGN (32), the least block a scale may have (the codec caps it at next_pow2(d),
-    so a partition of d <= 16 is still one block)."""
-    block = bucket_block(d, cfg.rotation_block)
-    return max(block, TILE_ALIGN) if cfg.block_scale else block
+    """The rotation_block a partition's codec is given: `bucket_block`; with block_scale the
+    rule's blocks stop at SCALE_BLOCK (2^16), and a block is at least TILE_ALIGN (32), the least
+    block a scale may have (the codec caps it at next_pow2(d), so a partition of d <= 16 is
+    still one block)."""
+    if not cfg.block_scale:
+        return bucket_block(d, cfg.rotation_block)
+    return max(bucket_block(d, cfg.rotation_block, SCALE_BLOCK), TILE_ALIGN)
 
 
 def bucket_config(cfg: ThcConfig, d: int, key: Sequence[int]) -> ThcConfig:

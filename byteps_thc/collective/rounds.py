@@ -25,6 +25,7 @@ collectives by the order they were issued.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Callable, List, Optional, Sequence, Tuple
 
@@ -40,13 +41,31 @@ _LANE_DTYPE = {1: np.uint8, 2: np.uint16, 4: np.uint32}
 
 
 # -- configuration ------------------------------------------------------------------------------
-def default_config(num_ranks: int) -> ThcConfig:
+DEVICE_TYPES = ("cpu", "cuda")
+
+
+def default_config(num_ranks: int, device_type: str = "cpu") -> ThcConfig:
     """ThcConfig.for_workers(n): the least-error granularity whose n-rank sums fit 8-bit lanes;
-    16-bit lanes from 18 ranks on (where 8 bits no longer hold n*(2^4 - 1))."""
+    16-bit lanes from 18 ranks on (where 8 bits no longer hold n*(2^4 - 1)). On the CPU with a
+    scale per rotation block (block_scale, blocks up to geometry.SCALE_BLOCK): measured as
+    large an error as one norm a partition or less, at less codec time
+    (docs/results/2026-12-03-block-scale.md); on CUDA one norm a partition, which is what its
+    kernels take (and any other device type)."""
     try:
-        return ThcConfig.for_workers(num_ranks)
+        cfg = ThcConfig.for_workers(num_ranks)
     except ValueError:
-        return ThcConfig.for_workers(num_ranks, downstream_bits=16)
+        cfg = ThcConfig.for_workers(num_ranks, downstream_bits=16)
+    return dataclasses.replace(cfg, block_scale=True) if device_type == "cpu" else cfg
+
+
+def saved_default(num_ranks: int, saved: dict) -> Optional[ThcConfig]:
+    """The default configuration of some device type whose fields are `saved` (a state_dict's
+    dataclasses.asdict of it), or None: what a defaulted comm or state loads as its own."""
+    for dev in DEVICE_TYPES:
+        cfg = default_config(num_ranks, dev)
+        if dataclasses.asdict(cfg) == saved:
+            return cfg
+    return None
 
 
 def lane_bits_for(config: ThcConfig, world_size: int) -> int:
@@ -269,7 +288,8 @@ def done() -> RoundWork:
     return start(_nothing())
 
 
-__all__: List[str] = ["default_config", "lane_bits_for", "fingerprint_words", "unrotate",
+__all__: List[str] = ["DEVICE_TYPES", "default_config", "saved_default", "lane_bits_for",
+                      "fingerprint_words", "unrotate",
                       "norm_vector", "agreed", "too_large", "finite", "norm_count", "norm_round",
                       "Exchange", "encode", "exchange_sums", "run_inline", "RoundWork", "start",
                       "done"]

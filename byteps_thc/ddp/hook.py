@@ -47,11 +47,13 @@ Tuning:
 - `config`: the default picks the least-error granularity for 8-bit lanes at this world size;
   `ThcConfig.for_workers(n, downstream_bits=16)` halves the error again for twice the incoming
   bytes; bits=2 or 3 send less at a larger error. Keep error feedback on.
-- `rotation_block`: by default each bucket gets the largest block that pads it by at most 5%
-  (geometry.bucket_block; 2^19-2^23 for 25 MB buckets). A block of 2^16
-  (`dataclasses.replace(config, rotation_block=1 << 16)`) stays in the caches: less codec CPU
-  and under 1% padding, for a larger error where a bucket's parameters differ much in scale
-  (benchmarks/bench_ddp_blocks.py measures both on a model's buckets).
+- `block_scale` and `rotation_block`: by default (CPU buckets) each rotation block has its own
+  scale, and each bucket gets the largest block up to 2^16 that pads it by at most 5%
+  (geometry.codec_block): cache-sized blocks, under 1% padding, no error lost to a bucket's
+  parameters differing in scale. `dataclasses.replace(config, block_scale=False)` is one norm a
+  bucket, whose blocks are then the largest that pad by at most 5% (2^19-2^23 for 25 MB
+  buckets; CUDA buckets' default, since the CUDA kernels take one norm).
+  benchmarks/bench_ddp_blocks.py --block-scale measures both on a model's buckets.
 - It can only pay where the link, not the CPU, is the bottleneck: the rotation, the quantisation
   and the decode of every bucket cost CPU (docs/RESULTS.md, "The DDP comm hook").
 
@@ -268,8 +270,8 @@ def thc_hook(state: ThcHookState, bucket: dist.GradBucket) -> torch.futures.Futu
         return _done(buf)
     device = buf.device
     if not state.handshake_done:
+        state.settle(device.type)
         _handshake(state, device)
-        state.device_type = device.type
     if device.type != state.device_type:
         raise ValueError(f"THC comm hook: a bucket on {device}, but earlier ones were on "
                          f"{state.device_type}: use one ThcHookState per device type")

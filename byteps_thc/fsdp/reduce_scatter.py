@@ -84,9 +84,11 @@ class ThcReduceScatter(ReduceScatter):
             fully_shard(block).set_custom_reduce_scatter(ThcReduceScatter(key=i))
         fully_shard(model).set_custom_reduce_scatter(ThcReduceScatter(key=len(model.blocks)))
 
-    config:          a ThcConfig shared by all ranks; None = ThcConfig.for_workers(n) (the
-                     least-error granularity for 8-bit lanes). Its rotation_block None lets
-                     each shard take the largest block that pads it by <= ~5%.
+    config:          a ThcConfig shared by all ranks; None = rounds.default_config(n, the
+                     first call's device type): ThcConfig.for_workers(n) (the least-error
+                     granularity for 8-bit lanes), on the CPU with block_scale. Its
+                     rotation_block None lets each shard take the largest block that pads it
+                     by <= ~5% (with block_scale, at most 2^16).
     error_feedback:  "fp32", "bf16" or "off" (module docstring: memory and cost); None takes
                      "fp32" when config.error_feedback, else "off".
     key:             this param group's number: it selects the shards' seeds (independent
@@ -108,6 +110,7 @@ class ThcReduceScatter(ReduceScatter):
                              "(dist.init_process_group) before it is created")
         self.world_size = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
+        self._config_default = config is None  # it follows the first call's device type
         if config is None:
             config = rounds.default_config(self.world_size)
         elif not isinstance(config, ThcConfig):
@@ -209,6 +212,8 @@ class ThcReduceScatter(ReduceScatter):
                     f"values, this one's hold {out.numel()}: load it into the ThcReduceScatter "
                     "of the same param group")
             self._size, self._dtype = out.numel(), out.dtype
+            if self._config_default:
+                self.config = rounds.default_config(self.world_size, out.device.type)
             self._layout = _Layout(self, self._size, out.device)
         elif out.device != self._layout.device:
             raise ValueError(f"ThcReduceScatter: a call on {out.device}, but its state lives on "
@@ -331,6 +336,8 @@ class ThcReduceScatter(ReduceScatter):
             raise ValueError(f"the state_dict was saved by rank {sd['rank']} of "
                              f"{sd['world_size']}, this is rank {self.rank} of {self.world_size}: "
                              "resume on as many ranks, each loading its own")
+        if self._config_default and self._layout is None:  # another device type's default
+            self.config = rounds.saved_default(self.world_size, sd["config"]) or self.config
         mine = (dataclasses.asdict(self.config), self.error_feedback, self.key)
         if (sd["config"], sd["error_feedback"], sd["key"]) != mine:
             raise ValueError(f"the state_dict was saved with config {sd['config']}, "

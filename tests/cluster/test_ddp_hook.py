@@ -48,10 +48,12 @@ def run_ranks(n, args, out_dir, timeout=240, worker=WORKER):
 
 
 # -- the rules, as the docs state them -----------------------------------------------------------
-def expected_block(d):
-    """Largest power of two B >= 2^10 with ceil(d/B)*B <= 1.05 d, else min(2^10, next_pow2(d))."""
+def expected_block(d, largest=None):
+    """Largest power of two B >= 2^10 (and <= largest) with ceil(d/B)*B <= 1.05 d, else
+    min(2^10, next_pow2(d))."""
     whole = 1 << max(0, math.ceil(math.log2(d)))
-    for b in (1 << k for k in range(whole.bit_length() - 1, 9, -1)):
+    top = min(whole, largest or whole)
+    for b in (1 << k for k in range(top.bit_length() - 1, 9, -1)):
         if math.ceil(d / b) * b <= 1.05 * d:
             return b
     return min(whole, 1024)
@@ -106,10 +108,12 @@ def bucket_cfg(cfg, key, d):
 
 
 def requested_block(cfg, d):
-    """The block rule, or a requested block capped at next_pow2(d); with block_scale >= 32."""
-    rb = cfg["rotation_block"]
-    block = min(rb, 1 << max(0, math.ceil(math.log2(d)))) if rb else expected_block(d)
-    return max(block, 32) if cfg.get("block_scale") else block
+    """The block rule (with block_scale: blocks of at most 2^16), or a requested block capped at
+    next_pow2(d); with block_scale at least 32."""
+    rb, bs = cfg["rotation_block"], cfg.get("block_scale")
+    block = (min(rb, 1 << max(0, math.ceil(math.log2(d)))) if rb
+             else expected_block(d, 1 << 16 if bs else None))
+    return max(block, 32) if bs else block
 
 
 def max_norms(cfg, xs, residuals):
@@ -217,10 +221,12 @@ def check(expected, got_steps, first_step):
 
 
 @pytest.mark.parametrize("n, dtype, start_iter, block", [
-    (2, "float32", 0, 0), (3, "bfloat16", 1, 0),
-    (2, "float32", 0, 4096), (3, "bfloat16", 1, 1024)])  # block: a scale per block of that size
+    # block: "0" the default (a scale per block), "one" one norm a bucket, else a scale per
+    # block of that size
+    (2, "float32", 0, "0"), (3, "bfloat16", 1, "one"),
+    (2, "float32", 0, "one"), (3, "bfloat16", 1, "1024")])
 def test_hook_is_the_reference_bit_for_bit(tmp_path, n, dtype, start_iter, block):
-    ranks = run_ranks(n, ["exact", dtype, str(start_iter), str(block)], tmp_path)
+    ranks = run_ranks(n, ["exact", dtype, str(start_iter), block], tmp_path)
     r0 = ranks[0]
     # every rank holds the same bits: after the run and after the state_dict round trip
     for other in ranks[1:]:

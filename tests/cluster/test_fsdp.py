@@ -28,10 +28,12 @@ SUM_STEP = 1        # the worker's one call with op SUM
 
 def shard_cfg(cfg, key, j, size, ef):
     """Shard j of a group: blocks of the largest power of two B >= 2^10 with ceil(S/B)*B <=
-    1.05 S (a requested block instead, capped at next_pow2(S); with block_scale >= 32),
+    1.05 S (with block_scale B <= 2^16; a requested block instead, capped at next_pow2(S);
+    with block_scale >= 32),
     seed = the first 8 bytes (little-endian) of sha256(f"{seed}:{key},{j}")."""
     whole = 1 << max(0, math.ceil(math.log2(size)))
-    block = next((b for b in (1 << k for k in range(whole.bit_length() - 1, 9, -1))
+    top = min(whole, 1 << 16) if cfg.block_scale else whole  # block_scale: blocks up to 2^16
+    block = next((b for b in (1 << k for k in range(top.bit_length() - 1, 9, -1))
                   if math.ceil(size / b) * b <= 1.05 * size), min(whole, 1024))
     if cfg.rotation_block:
         block = min(cfg.rotation_block, whole)
@@ -102,11 +104,12 @@ def check(expected, got, rank):
 
 
 @pytest.mark.parametrize("n, dtype, ef, block", [
-    (2, "float32", "fp32", 0), (3, "bfloat16", "fp32", 0), (2, "float16", "bf16", 0),
-    (3, "float32", "off", 0),
-    (2, "float32", "fp32", 1024), (3, "float16", "bf16", 4096)])  # a scale per block
+    # block: "0" the default (a scale per block), "one" one norm a shard, else a scale per
+    # block of that size
+    (2, "float32", "fp32", "0"), (3, "bfloat16", "fp32", "one"), (2, "float16", "bf16", "0"),
+    (3, "float32", "off", "one"), (2, "float32", "fp32", "1024"), (3, "float16", "bf16", "one")])
 def test_reduce_scatter_is_the_reference_bit_for_bit(tmp_path, n, dtype, ef, block):
-    ranks = run_ranks(n, ["exact", dtype, ef, str(block)], tmp_path, worker=WORKER)
+    ranks = run_ranks(n, ["exact", dtype, ef, block], tmp_path, worker=WORKER)
     r0 = ranks[0]
     expected = simulate(n, r0["config"], ef, getattr(torch, dtype), r0["trace"])
     for r, got in enumerate(ranks):

@@ -71,10 +71,12 @@ def wrap(net, state, log):
 
 
 def block_scale_config(n, block):
-    """The default configuration, or with `block` ("0": none) a scale per rotation block of
-    that size."""
-    if not int(block):
+    """The configuration of a test: "0" the default (None), "one" the default's with one norm
+    per partition, else a scale per rotation block of that size."""
+    if block == "0":
         return None
+    if block == "one":
+        return dataclasses.replace(default_config(n), block_scale=False)
     return dataclasses.replace(default_config(n), block_scale=True, rotation_block=int(block))
 
 
