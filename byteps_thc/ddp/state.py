@@ -115,9 +115,10 @@ class ThcHookState:
     fingerprint of them and raise ValueError on every rank if they differ.
 
     `stats`: bytes_sent / bytes_received (this rank's all_to_all and all_gather payloads of the
-    compressed buckets; the norm rounds' 64 bytes and the plain all-reduces are not counted),
-    buckets_compressed, buckets_skipped (under min_compress_bytes), buckets_warmup, and
-    nonfinite_steps (compressed rounds whose agreed norm was not finite).
+    compressed buckets; the norm rounds' 64 bytes a bucket, 8 more a block with block_scale,
+    and the plain all-reduces are not counted), buckets_compressed, buckets_skipped (under
+    min_compress_bytes), buckets_warmup, and nonfinite_steps (compressed rounds whose agreed
+    norm was not finite).
     `state_dict()` / `load_state_dict()`: see there; `trace`, when set to a list, receives
     (bucket key, agreed norm) of every compressed round (tests, debugging).
     """
