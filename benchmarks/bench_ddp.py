@@ -19,10 +19,11 @@ Systems:
             callbacks, which on gloo run in completion order, so that ranks can issue different
             buckets' collectives in different orders (docs/RESULTS.md)
   powersgd-async  powerSGD_hook as shipped (to show that failure)
-  thc       byteps_thc.ddp.thc_hook, defaults
-  thc-block16  thc_hook with rotation blocks of 2^16 (default_config with rotation_block=65536):
-            less CPU and padding than the default rule's larger blocks, for some more error where
-            a bucket's parameters differ in scale (benchmarks/bench_ddp_blocks.py)
+  thc       byteps_thc.ddp.thc_hook, defaults (on the CPU a scale per rotation block of <= 2^16)
+  thc-one   thc_hook with one norm a bucket (block_scale=False) in the rule's large blocks
+  thc-block16  thc_hook with one norm a bucket in rotation blocks of 2^16: less CPU and padding
+            than the rule's larger blocks, for more error where a bucket's parameters differ in
+            scale (benchmarks/bench_ddp_blocks.py)
   byteps-thc  BytePS with THC (defaults), no DDP: bench_network.py's replay runner with
             --compute-ms 0, one server in its own namespace, on the same links
 
@@ -44,7 +45,8 @@ from benchmarks import gloo_ranks
 from benchmarks.runs import load_records
 from harness.netem import CleanupOnSignal, EmulatedNetwork, cleanup_stale, measure_tcp
 
-HOOKS = ("plain", "fp16", "powersgd", "powersgd-async", "thc", "thc-block16", "byteps-thc")
+HOOKS = ("plain", "fp16", "powersgd", "powersgd-async", "thc", "thc-one", "thc-block16",
+         "byteps-thc")
 DDP_HOOKS = HOOKS[:-1]
 TAG = "DDPRESULT "
 PORT = 29400
@@ -71,13 +73,14 @@ def register_hook(model, hook: str) -> None:
             model.register_comm_hook(psgd_state, serial)
         else:
             model.register_comm_hook(psgd_state, psgd.powerSGD_hook)
-    elif hook in ("thc", "thc-block16"):
+    elif hook in ("thc", "thc-one", "thc-block16"):
         import dataclasses
 
         from byteps_thc.ddp import ThcHookState, default_config, thc_hook
         cfg = default_config(dist.get_world_size())
-        if hook == "thc-block16":
-            cfg = dataclasses.replace(cfg, rotation_block=1 << 16)
+        if hook != "thc":
+            cfg = dataclasses.replace(cfg, block_scale=False,
+                                      rotation_block=1 << 16 if hook == "thc-block16" else None)
         model.register_comm_hook(ThcHookState(config=cfg), thc_hook)
 
 

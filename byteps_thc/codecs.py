@@ -50,6 +50,9 @@ class Codec:
     summary:          what it does, in one line (help and docstrings)
     check_workers:    (config, num_workers) -> None, raising ValueError when the configuration
                       cannot serve that many workers (bpslaunch --local N checks it)
+    collective_only:  fields of the config class that only byteps_thc.collective (the DDP hook,
+                      FSDP) honours: BytePS's compressor refuses them, so they are no BytePS
+                      parameter, Setting or flag (the config class's defaults stand)
     """
     name: str
     config_class: type
@@ -58,6 +61,7 @@ class Codec:
     flags: Tuple[Flag, ...]
     summary: str
     check_workers: Optional[Callable[[object, int], None]] = None
+    collective_only: Tuple[str, ...] = ()
 
     @property
     def label(self) -> str:
@@ -65,8 +69,10 @@ class Codec:
 
     @property
     def params(self) -> Tuple[str, ...]:
-        """The codec's parameters: its config class's fields, in order."""
-        return tuple(f.name for f in dataclasses.fields(self.config_class))
+        """The codec's BytePS parameters: its config class's fields, in order, but the
+        collective's own."""
+        return tuple(f.name for f in dataclasses.fields(self.config_class)
+                     if f.name not in self.collective_only)
 
     def config(self, config=None, **params):
         """`config`, or a configuration of `params` (the config class's fields; its defaults for
@@ -134,6 +140,7 @@ THC = Codec(
     ),
     summary="THC: table indices up, integer sums down (docs/ALGORITHM.md)",
     check_workers=ThcConfig.lane_bits,  # the server's sums of n workers must fit a lane
+    collective_only=("block_scale",),  # one norm per partition in BytePS (ThcConfig.to_kwargs)
 )
 
 LHC = Codec(

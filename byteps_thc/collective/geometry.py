@@ -21,31 +21,36 @@ import hashlib
 from typing import List, Optional, Sequence, Tuple
 
 from .. import ThcConfig
+from ..thc.config import TILE_ALIGN
 
 PAD_SLACK = 1.05
 PREFERRED_BLOCK = 1 << 14
 MIN_BLOCK = 1 << 10
 SHARD_ALIGN = 8  # coordinates: 8 indices of b bits are b whole bytes, for every b
+# block_scale's largest block: each block has its own scale, so a larger one lowers no error
+# and costs passes beyond the caches (docs/results/2026-12-03-block-scale.md)
+SCALE_BLOCK = 1 << 16
 
 
 def next_pow2(n: int) -> int:
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
 
 
-def bucket_block(d: int, requested: Optional[int] = None) -> int:
+def bucket_block(d: int, requested: Optional[int] = None, largest: Optional[int] = None) -> int:
     """The rotation block for a bucket of d values (the hook's one tiling rule).
 
     `requested` (a ThcConfig's rotation_block) overrides the rule, capped at next_pow2(d) as the
-    codec caps it. Otherwise: the largest power of two B in [PREFERRED_BLOCK, next_pow2(d)] with
-    ceil(d/B)*B <= PAD_SLACK*d; else the largest such B in [MIN_BLOCK, PREFERRED_BLOCK); else
-    MIN_BLOCK, or next_pow2(d) when that is smaller (one block).
+    codec caps it. Otherwise: the largest power of two B in [PREFERRED_BLOCK, next_pow2(d)] (and
+    <= `largest`, if given) with ceil(d/B)*B <= PAD_SLACK*d; else the largest such B in
+    [MIN_BLOCK, PREFERRED_BLOCK); else MIN_BLOCK, or next_pow2(d) when that is smaller (one
+    block).
     """
     if not isinstance(d, int) or d < 1:
         raise ValueError(f"bucket size d={d!r} must be a positive integer")
     whole = next_pow2(d)
     if requested is not None:
         return min(requested, whole)
-    b = whole
+    b = whole if largest is None else min(whole, largest)
     while b >= MIN_BLOCK:
         if padded_size(d, b) <= PAD_SLACK * d:
             return b
@@ -85,17 +90,27 @@ def bucket_seed(seed: int, key: Sequence[int]) -> int:
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little")
 
 
+def codec_block(cfg: ThcConfig, d: int) -> int:
+    """The rotation_block a partition's codec is given: `bucket_block`; with block_scale the
+    rule's blocks stop at SCALE_BLOCK (2^16), and a block is at least TILE_ALIGN (32), the least
+    block a scale may have (the codec caps it at next_pow2(d), so a partition of d <= 16 is
+    still one block)."""
+    if not cfg.block_scale:
+        return bucket_block(d, cfg.rotation_block)
+    return max(bucket_block(d, cfg.rotation_block, SCALE_BLOCK), TILE_ALIGN)
+
+
 def bucket_config(cfg: ThcConfig, d: int, key: Sequence[int]) -> ThcConfig:
     """The codec configuration of one bucket: cfg with its block and per-bucket seed."""
-    return dataclasses.replace(cfg, rotation_block=bucket_block(d, cfg.rotation_block),
+    return dataclasses.replace(cfg, rotation_block=codec_block(cfg, d),
                                seed=bucket_seed(cfg.seed, key))
 
 
 def shard_config(cfg: ThcConfig) -> ThcConfig:
     """The aggregator's configuration of one shard: the sums are a table lookup and an integer
     add per coordinate, independent of the rotation, so a block of 1 makes the aggregator's
-    geometry exactly the shard (no padding)."""
-    return dataclasses.replace(cfg, rotation_block=1)
+    geometry exactly the shard (no padding), and no scale (block_scale off)."""
+    return dataclasses.replace(cfg, rotation_block=1, block_scale=False)
 
 
 def fsdp_shard_config(cfg: ThcConfig, size: int, key: int, shard: int,
@@ -103,7 +118,7 @@ def fsdp_shard_config(cfg: ThcConfig, size: int, key: int, shard: int,
     """The codec configuration of shard `shard` of an FSDP param group whose shards hold `size`
     values: each shard is a partition of its own (its block by `bucket_block`, its seed by the
     group's key and the shard's index), so that its owner decodes it alone."""
-    return dataclasses.replace(cfg, rotation_block=bucket_block(size, cfg.rotation_block),
+    return dataclasses.replace(cfg, rotation_block=codec_block(cfg, size),
                                seed=bucket_seed(cfg.seed, (key, shard)),
                                error_feedback=error_feedback)
 
@@ -118,6 +133,6 @@ def ring_allreduce_bytes(d: int, num_ranks: int, elem_bytes: int = 4) -> float:
     return 2 * (num_ranks - 1) / num_ranks * elem_bytes * d
 
 
-__all__ = ["bucket_block", "padded_size", "shard_bounds", "byte_range", "bucket_seed",
-           "bucket_config", "shard_config", "fsdp_shard_config", "wire_bytes",
+__all__ = ["bucket_block", "codec_block", "padded_size", "shard_bounds", "byte_range",
+           "bucket_seed", "bucket_config", "shard_config", "fsdp_shard_config", "wire_bytes",
            "ring_allreduce_bytes"]

@@ -3,10 +3,11 @@
 A round reduces k partitions (a DDP bucket: one; an FSDP param group: one per rank, its shards),
 each with its own codec, over n ranks:
 
-1. `norm_round`: every rank computes each partition's norm (residual included) and one
-   `all_reduce(MAX)` of [norm_1 .. norm_k, non-finite flag, fingerprint, -fingerprint] gives the
-   agreed norms. A differing fingerprint raises ValueError on every rank (each gets the same
-   maximum); a non-finite norm anywhere (the flag travels apart, since MAX may drop a NaN) makes
+1. `norm_round`: every rank computes each partition's norm (residual included; with
+   block_scale one per rotation block) and one `all_reduce(MAX)` of [norms of partition 1 ..
+   norms of partition k, non-finite flag, fingerprint, -fingerprint] gives the agreed norms.
+   A differing fingerprint raises ValueError on every rank (each gets the same maximum); a
+   non-finite norm anywhere (the flag travels apart, since MAX may drop a NaN) makes
    the round non-finite on every rank.
 2. `encode`: each partition's codec writes its packed b-bit indices into its byte range of one
    payload (with error feedback the codec adds its rotated residual and keeps the new one: no
@@ -24,6 +25,7 @@ collectives by the order they were issued.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Callable, List, Optional, Sequence, Tuple
 
@@ -39,13 +41,31 @@ _LANE_DTYPE = {1: np.uint8, 2: np.uint16, 4: np.uint32}
 
 
 # -- configuration ------------------------------------------------------------------------------
-def default_config(num_ranks: int) -> ThcConfig:
+DEVICE_TYPES = ("cpu", "cuda")
+
+
+def default_config(num_ranks: int, device_type: str = "cpu") -> ThcConfig:
     """ThcConfig.for_workers(n): the least-error granularity whose n-rank sums fit 8-bit lanes;
-    16-bit lanes from 18 ranks on (where 8 bits no longer hold n*(2^4 - 1))."""
+    16-bit lanes from 18 ranks on (where 8 bits no longer hold n*(2^4 - 1)). On the CPU with a
+    scale per rotation block (block_scale, blocks up to geometry.SCALE_BLOCK): measured as
+    large an error as one norm a partition or less, at less codec time
+    (docs/results/2026-12-03-block-scale.md); on CUDA one norm a partition, which is what its
+    kernels take (and any other device type)."""
     try:
-        return ThcConfig.for_workers(num_ranks)
+        cfg = ThcConfig.for_workers(num_ranks)
     except ValueError:
-        return ThcConfig.for_workers(num_ranks, downstream_bits=16)
+        cfg = ThcConfig.for_workers(num_ranks, downstream_bits=16)
+    return dataclasses.replace(cfg, block_scale=True) if device_type == "cpu" else cfg
+
+
+def saved_default(num_ranks: int, saved: dict) -> Optional[ThcConfig]:
+    """The default configuration of some device type whose fields are `saved` (a state_dict's
+    dataclasses.asdict of it), or None: what a defaulted comm or state loads as its own."""
+    for dev in DEVICE_TYPES:
+        cfg = default_config(num_ranks, dev)
+        if dataclasses.asdict(cfg) == saved:
+            return cfg
+    return None
 
 
 def lane_bits_for(config: ThcConfig, world_size: int) -> int:
@@ -79,44 +99,68 @@ def unrotate(cfg: ThcConfig, block: int, padded: int, residual: np.ndarray, d: i
 
 
 # -- the steps ------------------------------------------------------------------------------------
-def norm_vector(norms: Sequence[float], bad: bool, words: Sequence[float],
-                device) -> torch.Tensor:
-    """[norms (zeros where bad), flag, words, -words] in float64 (the words are exact there)."""
-    body = [0.0] * len(norms) if bad else [float(v) for v in norms]
-    return torch.tensor(body + [1.0 if bad else 0.0] + list(words) + [-w for w in words],
-                        dtype=torch.float64, device=device)
+def norm_vector(norms, bad: bool, words: Sequence[float], device) -> torch.Tensor:
+    """[norms (zeros where bad), flag, words, -words] in float64 (the words are exact there);
+    `norms` a sequence of floats or one array (block_scale's, one per block)."""
+    body = np.asarray(norms, dtype=np.float64).reshape(-1)
+    if bad:
+        body = np.zeros_like(body)
+    w = np.asarray(words, dtype=np.float64)
+    vec = np.concatenate([body, [1.0 if bad else 0.0], w, -w])
+    return torch.from_numpy(vec).to(device)
 
 
-def agreed(vec: torch.Tensor, k: int, mismatch: Callable[[list, list], str]) -> Optional[list]:
-    """The max of each of the k norms, or None when any rank's was not finite; raises
+def agreed(vec: torch.Tensor, k: int,
+           mismatch: Callable[[list, list], str]) -> Optional[np.ndarray]:
+    """The max of each of the k norms (float64), or None when any rank's was not finite; raises
     ValueError(mismatch(lowest words, highest words)) when the ranks' fingerprints differ."""
-    v = vec.cpu().tolist()
-    w = (len(v) - k - 1) // 2
-    hi, lo = v[k + 1:k + 1 + w], [-x for x in v[k + 1 + w:]]
-    if hi != lo:
-        raise ValueError(mismatch(lo, hi))
-    return None if v[k] != 0.0 else v[:k]
+    v = vec.cpu().numpy()
+    w = (v.size - k - 1) // 2
+    hi, lo = v[k + 1:k + 1 + w], -v[k + 1 + w:]
+    if not np.array_equal(hi, lo):
+        raise ValueError(mismatch(lo.tolist(), hi.tolist()))
+    return None if v[k] != 0.0 else v[:k].copy()
 
 
-def too_large(m: float, block: int, clip: float) -> bool:
+def too_large(m, block: int, clip: float) -> bool:
     """M this large could overflow float32 in the rotation or the scales (|y| <= sqrt(B)*M): the
-    round is treated as non-finite, alike on every rank since M and B are agreed."""
-    return m * math.sqrt(block) * (1.0 + clip) * 4.0 >= FLT_MAX
+    round is treated as non-finite, alike on every rank since M and B are agreed. `m`: one M,
+    or block_scale's M_k (the largest decides)."""
+    return float(np.max(m)) * math.sqrt(block) * (1.0 + clip) * 4.0 >= FLT_MAX
+
+
+def finite(m) -> bool:
+    """Whether an agreed M (or every M_k of block_scale's) is finite."""
+    return bool(np.all(np.isfinite(m)))
+
+
+def norm_count(codec) -> int:
+    """The norms a codec's partition puts in the norm round: one per rotation block with
+    block_scale, else one."""
+    return codec.blocks if codec.config.block_scale else 1
 
 
 def norm_round(group, parts, words: Sequence[float], device, mismatch):
-    """Step 1 for `parts` [(codec, x)]: yields the all_reduce, returns the agreed norms (a list)
-    or None (non-finite somewhere)."""
+    """Step 1 for `parts` [(codec, x)]: yields the all_reduce, returns the agreed norms, one per
+    part (a float, or with block_scale an array of its blocks' M_k), or None (non-finite
+    somewhere)."""
+    counts = [norm_count(codec) for codec, _ in parts]
     norms, bad = [], False
     for codec, x in parts:
         try:
-            norms.append(codec.norm(x))
+            norms.append(np.atleast_1d(codec.norm(x)))
         except ValueError:  # NaN/Inf in the input or the residual
             bad = True
             break
-    vec = norm_vector(norms if not bad else [0.0] * len(parts), bad, words, device)
+    flat = np.zeros(sum(counts)) if bad else np.concatenate(norms)
+    vec = norm_vector(flat, bad, words, device)
     yield dist.all_reduce(vec, op=dist.ReduceOp.MAX, group=group, async_op=True)
-    return agreed(vec, len(parts), mismatch)
+    got = agreed(vec, flat.size, mismatch)
+    if got is None:
+        return None
+    ends = np.cumsum(counts)
+    return [got[e - c:e] if codec.config.block_scale else float(got[e - 1])
+            for (codec, _), c, e in zip(parts, counts, ends)]
 
 
 class Exchange:
@@ -244,6 +288,8 @@ def done() -> RoundWork:
     return start(_nothing())
 
 
-__all__: List[str] = ["default_config", "lane_bits_for", "fingerprint_words", "unrotate",
-                      "norm_vector", "agreed", "too_large", "norm_round", "Exchange", "encode",
-                      "exchange_sums", "run_inline", "RoundWork", "start", "done"]
+__all__: List[str] = ["DEVICE_TYPES", "default_config", "saved_default", "lane_bits_for",
+                      "fingerprint_words", "unrotate",
+                      "norm_vector", "agreed", "too_large", "finite", "norm_count", "norm_round",
+                      "Exchange", "encode", "exchange_sums", "run_inline", "RoundWork", "start",
+                      "done"]

@@ -6,7 +6,9 @@ steps 1-4 are the THC collective's (byteps_thc.collective.rounds), which FSDP's 
 
 1. Norm round: every rank computes the norm of x = gradient + its error-feedback residual
    (sqrt(sum(y^2)/B) of the rotation y, residual included), and one `all_reduce(MAX)` of
-   [norm, non-finite flag, fingerprint, -fingerprint] gives the agreed M.
+   [norm, non-finite flag, fingerprint, -fingerprint] gives the agreed M. With
+   `config.block_scale` the norm of each rotation block instead (a few hundred bytes for a
+   25 MB bucket in blocks of 2^16), and each block is quantised on its own agreed M_k.
    A differing fingerprint (configuration or hook settings) raises ValueError on every rank.
    A non-finite norm anywhere (the flag travels separately, since MAX may drop a NaN) makes the
    bucket's result NaN on every rank; nothing aborts, and the residuals and step stay as they
@@ -45,11 +47,13 @@ Tuning:
 - `config`: the default picks the least-error granularity for 8-bit lanes at this world size;
   `ThcConfig.for_workers(n, downstream_bits=16)` halves the error again for twice the incoming
   bytes; bits=2 or 3 send less at a larger error. Keep error feedback on.
-- `rotation_block`: by default each bucket gets the largest block that pads it by at most 5%
-  (geometry.bucket_block; 2^19-2^23 for 25 MB buckets). A block of 2^16
-  (`dataclasses.replace(config, rotation_block=1 << 16)`) stays in the caches: less codec CPU
-  and under 1% padding, for a larger error where a bucket's parameters differ much in scale
-  (benchmarks/bench_ddp_blocks.py measures both on a model's buckets).
+- `block_scale` and `rotation_block`: by default (CPU buckets) each rotation block has its own
+  scale, and each bucket gets the largest block up to 2^16 that pads it by at most 5%
+  (geometry.codec_block): cache-sized blocks, under 1% padding, no error lost to a bucket's
+  parameters differing in scale. `dataclasses.replace(config, block_scale=False)` is one norm a
+  bucket, whose blocks are then the largest that pad by at most 5% (2^19-2^23 for 25 MB
+  buckets; CUDA buckets' default, since the CUDA kernels take one norm).
+  benchmarks/bench_ddp_blocks.py --block-scale measures both on a model's buckets.
 - It can only pay where the link, not the CPU, is the bottleneck: the rotation, the quantisation
   and the decode of every bucket cost CPU (docs/RESULTS.md, "The DDP comm hook").
 
@@ -134,10 +138,10 @@ def _compressed(state: ThcHookState, lay: Layout, buf: torch.Tensor):
     parts = [(codec, x)]
     ms = yield from rounds.norm_round(group, parts, state.fingerprint_words(),  # 1
                                       buf.device, _mismatch(state))
-    m = math.nan if ms is None else ms[0]
+    m = math.nan if ms is None else ms[0]  # block_scale: an array, one M_k per block
     if state.trace is not None:
         state.trace.append((lay.key, m))
-    if not math.isfinite(m) or rounds.too_large(m, codec.block, lay.cfg.clip):
+    if ms is None or not rounds.finite(m) or rounds.too_large(m, codec.block, lay.cfg.clip):
         state.stats["nonfinite_steps"] += 1
         return flat.fill_(math.nan).view(buf.shape)
 
@@ -266,8 +270,8 @@ def thc_hook(state: ThcHookState, bucket: dist.GradBucket) -> torch.futures.Futu
         return _done(buf)
     device = buf.device
     if not state.handshake_done:
+        state.settle(device.type)
         _handshake(state, device)
-        state.device_type = device.type
     if device.type != state.device_type:
         raise ValueError(f"THC comm hook: a bucket on {device}, but earlier ones were on "
                          f"{state.device_type}: use one ThcHookState per device type")

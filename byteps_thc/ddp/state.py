@@ -39,7 +39,7 @@ import torch.distributed as dist
 
 from .. import ThcCodec, ThcConfig
 from ..collective import geometry, rounds
-from ..collective.rounds import default_config, lane_bits_for, unrotate
+from ..collective.rounds import default_config, lane_bits_for, saved_default, unrotate
 
 log = logging.getLogger("byteps_thc.ddp")
 
@@ -102,10 +102,11 @@ class ThcHookState:
     steps and statistics.
 
     process_group:       the group DDP reduces over (None: the default group).
-    config:              a ThcConfig shared by all ranks; None = `default_config(world_size)`
-                         (ThcConfig.for_workers(world_size), 8-bit lanes up to 17 ranks). Its
+    config:              a ThcConfig shared by all ranks; None = `default_config(world_size,
+                         device type of the first bucket)` (ThcConfig.for_workers(world_size),
+                         8-bit lanes up to 17 ranks; on the CPU with block_scale). Its
                          rotation_block None lets the hook choose each bucket's block
-                         (geometry.bucket_block, padding <= ~1.05x); a number forces that block.
+                         (geometry.codec_block, padding <= ~1.05x); a number forces that block.
     min_compress_bytes:  buckets smaller than this (in their own dtype) go through a plain
                          all-reduce of the mean.
     start_iter:          iterations of plain all-reduce before compression starts (warm-up).
@@ -114,9 +115,10 @@ class ThcHookState:
     fingerprint of them and raise ValueError on every rank if they differ.
 
     `stats`: bytes_sent / bytes_received (this rank's all_to_all and all_gather payloads of the
-    compressed buckets; the norm rounds' 64 bytes and the plain all-reduces are not counted),
-    buckets_compressed, buckets_skipped (under min_compress_bytes), buckets_warmup, and
-    nonfinite_steps (compressed rounds whose agreed norm was not finite).
+    compressed buckets; the norm rounds' 64 bytes a bucket, 8 more a block with block_scale,
+    and the plain all-reduces are not counted), buckets_compressed, buckets_skipped (under
+    min_compress_bytes), buckets_warmup, and nonfinite_steps (compressed rounds whose agreed
+    norm was not finite).
     `state_dict()` / `load_state_dict()`: see there; `trace`, when set to a list, receives
     (bucket key, agreed norm) of every compressed round (tests, debugging).
     """
@@ -129,6 +131,7 @@ class ThcHookState:
         self.process_group = process_group
         self.world_size = dist.get_world_size(process_group)
         self.rank = dist.get_rank(process_group)
+        self._config_default = config is None  # it follows the first bucket's device type
         if config is None:
             config = default_config(self.world_size)
         elif not isinstance(config, ThcConfig):
@@ -157,6 +160,13 @@ class ThcHookState:
                      self.min_compress_bytes, self.start_iter, config.describe())
 
     # -- agreement --------------------------------------------------------------------------
+    def settle(self, device_type: str) -> None:
+        """The first bucket's device type: a default configuration becomes that device type's
+        (rounds.default_config)."""
+        self.device_type = device_type
+        if self._config_default:
+            self.config = default_config(self.world_size, device_type)
+
     def fingerprint(self) -> int:
         """64 bits of everything ranks must agree on: the codec configuration (ThcConfig's own
         fingerprint, error feedback included) and the hook's settings."""
@@ -288,6 +298,8 @@ class ThcHookState:
         Load before the first iteration of the wrapper this state is registered on."""
         if not isinstance(sd, dict) or sd.get("version") != STATE_VERSION:
             raise ValueError(f"not a ThcHookState state_dict of version {STATE_VERSION}")
+        if self._config_default and not self._param_refs:  # another device type's default
+            self.config = saved_default(self.world_size, sd.get("config")) or self.config
         if sd["fingerprint"] != self.fingerprint():
             raise ValueError(f"the state_dict was saved with config {sd['config']} (and its hook "
                              f"settings), this state has {dataclasses.asdict(self.config)}, "

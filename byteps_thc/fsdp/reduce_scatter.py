@@ -7,9 +7,12 @@ FSDP hands the comm a param group's flat padded gradient (`input_tensor`, n*S va
 1. Each shard j is a THC partition of its own (geometry.fsdp_shard_config: its rotation block by
    the padding rule, its seed by the group's key and j). Every rank computes the norm of each of
    its n shards (x_j = gradient shard + its error-feedback residual), and one all_reduce(MAX) of
-   [n norms, non-finite flag, fingerprint, -fingerprint] gives every shard's agreed M_j. A
-   differing fingerprint (configuration, error feedback, key, shard size) raises on every rank;
-   a non-finite norm anywhere fills output_tensor with NaN on every rank and keeps the state.
+   [n norms, non-finite flag, fingerprint, -fingerprint] gives every shard's agreed M_j (with
+   `config.block_scale`, one norm per rotation block of each shard, and each block is quantised
+   on its own M_jk). A differing fingerprint (configuration, error feedback, key, shard size)
+   raises on every rank (the first call compares it alone first, since the norm round's length
+   follows the settings); a non-finite norm anywhere fills output_tensor with NaN on every rank
+   and keeps the state.
 2. Each rank encodes shard j with M_j into the j-th range of one payload (b bits a coordinate).
 3. One all_to_all: rank j receives every rank's encoding of shard j.
 4. Rank j adds those n payloads as integers (a ThcAggregator, 8/16/32-bit lanes by n*g).
@@ -81,9 +84,11 @@ class ThcReduceScatter(ReduceScatter):
             fully_shard(block).set_custom_reduce_scatter(ThcReduceScatter(key=i))
         fully_shard(model).set_custom_reduce_scatter(ThcReduceScatter(key=len(model.blocks)))
 
-    config:          a ThcConfig shared by all ranks; None = ThcConfig.for_workers(n) (the
-                     least-error granularity for 8-bit lanes). Its rotation_block None lets
-                     each shard take the largest block that pads it by <= ~5%.
+    config:          a ThcConfig shared by all ranks; None = rounds.default_config(n, the
+                     first call's device type): ThcConfig.for_workers(n) (the least-error
+                     granularity for 8-bit lanes), on the CPU with block_scale. Its
+                     rotation_block None lets each shard take the largest block that pads it
+                     by <= ~5% (with block_scale, at most 2^16).
     error_feedback:  "fp32", "bf16" or "off" (module docstring: memory and cost); None takes
                      "fp32" when config.error_feedback, else "off".
     key:             this param group's number: it selects the shards' seeds (independent
@@ -105,6 +110,7 @@ class ThcReduceScatter(ReduceScatter):
                              "(dist.init_process_group) before it is created")
         self.world_size = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
+        self._config_default = config is None  # it follows the first call's device type
         if config is None:
             config = rounds.default_config(self.world_size)
         elif not isinstance(config, ThcConfig):
@@ -128,6 +134,7 @@ class ThcReduceScatter(ReduceScatter):
         # it here only between a state_dict (or a load) and the next round, its codecs zeroed
         self._residual: Optional[torch.Tensor] = None
         self.trace: Optional[list] = None  # a list: the agreed norms of every round (tests)
+        self._agreed = False  # the first call's fingerprint check done
 
     # -- agreement --------------------------------------------------------------------------
     def fingerprint(self) -> int:
@@ -205,6 +212,8 @@ class ThcReduceScatter(ReduceScatter):
                     f"values, this one's hold {out.numel()}: load it into the ThcReduceScatter "
                     "of the same param group")
             self._size, self._dtype = out.numel(), out.dtype
+            if self._config_default:
+                self.config = rounds.default_config(self.world_size, out.device.type)
             self._layout = _Layout(self, self._size, out.device)
         elif out.device != self._layout.device:
             raise ValueError(f"ThcReduceScatter: a call on {out.device}, but its state lives on "
@@ -232,11 +241,17 @@ class ThcReduceScatter(ReduceScatter):
             c.step = self.step
         parts = list(zip(lay.codecs, xs))
         words = rounds.fingerprint_words(self.fingerprint())
+        if not self._agreed:  # the norm round's length follows the settings: compare them first
+            vec = rounds.norm_vector([0.0], False, words, out.device)
+            yield dist.all_reduce(vec, op=dist.ReduceOp.MAX, group=group, async_op=True)
+            rounds.agreed(vec, 1, self._mismatch)
+            self._agreed = True
         ms = yield from rounds.norm_round(group, parts, words, out.device, self._mismatch)  # 1
         if self.trace is not None:
             self.trace.append(None if ms is None else list(ms))
         clip = self.config.clip
-        if ms is None or any(rounds.too_large(m, lay.block, clip) for m in ms):
+        if ms is None or any(not rounds.finite(m) or rounds.too_large(m, lay.block, clip)
+                             for m in ms):
             self.stats["calls_nonfinite"] += 1
             out.fill_(math.nan)
             return
@@ -321,6 +336,8 @@ class ThcReduceScatter(ReduceScatter):
             raise ValueError(f"the state_dict was saved by rank {sd['rank']} of "
                              f"{sd['world_size']}, this is rank {self.rank} of {self.world_size}: "
                              "resume on as many ranks, each loading its own")
+        if self._config_default and self._layout is None:  # another device type's default
+            self.config = rounds.saved_default(self.world_size, sd["config"]) or self.config
         mine = (dataclasses.asdict(self.config), self.error_feedback, self.key)
         if (sd["config"], sd["error_feedback"], sd["key"]) != mine:
             raise ValueError(f"the state_dict was saved with config {sd['config']}, "

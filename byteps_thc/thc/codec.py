@@ -2,7 +2,8 @@
 
     from byteps_thc import ThcConfig, ThcCodec, ThcAggregator
     codec = ThcCodec(cfg, size=d, rank=r)          # one partition of d >= 1 elements
-    m = codec.norm(x)                              # local norm (residual included when EF is on)
+    m = codec.norm(x)                              # local norm (residual included when EF is on;
+                                                   # block_scale: one per rotation block, an array)
     payload = codec.encode(x, max_norm)            # packed uint8 array; advances the step
                                                    # (with EF it reuses norm's rotation of x)
     agg = ThcAggregator(cfg, size=d, num_workers=n)
@@ -74,6 +75,7 @@ class ThcCodec:
         self.block = geo["block"]            # rotation block actually used
         self.padded = geo["padded"]          # d_pad
         self.payload_bytes = geo["payload_bytes"]
+        self.blocks = self._enc.blocks       # rotation blocks: block_scale's norms per partition
         self._device = None                  # CudaCodec, once a CUDA tensor came (see _on_device)
 
     def __repr__(self) -> str:
@@ -122,6 +124,10 @@ class ThcCodec:
             return None
         if not getattr(_C, "with_cuda", False):
             _cuda_unavailable(what)
+        if self.config.block_scale:
+            raise ValueError(f"{what} is a CUDA tensor, but block_scale=True (a scale per rotation "
+                             "block) runs on the CPU codec only: use block_scale=False for CUDA "
+                             "tensors")
         dev = self._device
         if dev is None:
             from . import cuda
@@ -136,8 +142,9 @@ class ThcCodec:
                              f"but this codec's state lives on {dev.device}")
         return dev
 
-    def norm(self, x) -> float:
-        """||x + residual||_2; the norm round takes the max over workers. With error feedback
+    def norm(self, x):
+        """||x + residual||_2 (a float); with block_scale the norm of each rotation block (a
+        float64 array of `blocks`). The norm round takes the max over workers. With error feedback
         this rotates x (the residual is kept rotated), and the encode() of the same step and the
         same, unchanged x quantises that rotation instead of rotating again. Do not change x
         between the two: a change of the whole array (a new array, an in-place rescale) is seen
@@ -145,17 +152,34 @@ class ThcCodec:
         dev = self._on_device(x, "x")
         if dev is not None:
             return dev.norm(x)
-        return self._enc.norm(inputs.float_vector(x, "x", self.size, _cuda_unavailable))
+        xv = inputs.float_vector(x, "x", self.size, _cuda_unavailable)
+        return self._enc.block_norms(xv) if self.config.block_scale else self._enc.norm(xv)
+
+    def _max_norm(self, max_norm):
+        """max_norm as the core takes it: a checked float, or with block_scale a float64 array
+        (the core checks its length and values)."""
+        if self.config.block_scale:
+            if inputs.is_torch_tensor(max_norm):
+                max_norm = max_norm.detach().cpu().numpy()
+            if np.ndim(max_norm) != 1:
+                raise ValueError(f"block_scale: max_norm must hold one max norm per rotation "
+                                 f"block ({self.blocks}), got {np.shape(max_norm) or 'a number'}")
+            return np.ascontiguousarray(max_norm, dtype=np.float64)
+        if isinstance(max_norm, np.ndarray) and max_norm.ndim:
+            raise ValueError(f"max_norm must be one number (block_scale is off), got an array "
+                             f"of shape {max_norm.shape}")
+        return inputs.check_scale("max_norm", max_norm)
 
     def encode(self, x, max_norm, out: Optional[np.ndarray] = None) -> np.ndarray:
-        """The packed b-bit indices (payload_bytes uint8). Advances the step; on error nothing
-        changes (step and residual are kept). `out`: an optional uint8 array of payload_bytes
+        """The packed b-bit indices (payload_bytes uint8), with the agreed max norm (block_scale:
+        one per rotation block). Advances the step; on error nothing changes (step and residual
+        are kept). `out`: an optional uint8 array of payload_bytes
         to write into (no allocation); it is returned."""
         dev = self._on_device(x, "x")
         if dev is not None:
             return dev.encode(x, max_norm, out)
         xv = inputs.float_vector(x, "x", self.size, _cuda_unavailable)
-        return self._enc.encode(xv, inputs.check_scale("max_norm", max_norm), out)
+        return self._enc.encode(xv, self._max_norm(max_norm), out)
 
     def decode(self, sums, max_norm, num_workers: int,
                out: Optional[np.ndarray] = None) -> np.ndarray:
@@ -168,8 +192,7 @@ class ThcCodec:
         if dev is not None:
             return dev.decode(sums, max_norm, n, out)
         s = inputs.int_vector(sums, "sums", ("uint8", "uint16", "uint32"), _cuda_unavailable)
-        m = inputs.check_scale("max_norm", max_norm)
-        return _C.decode(self._core, self.size, s, n, m, out, self.threads)
+        return _C.decode(self._core, self.size, s, n, self._max_norm(max_norm), out, self.threads)
 
 
 class ThcAggregator:

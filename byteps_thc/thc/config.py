@@ -47,6 +47,12 @@ class ThcConfig:
                     then the rest in one block of its own power-of-two size
                     (reference.auto_block; docs/ALGORITHM.md, "Geometry").
     error_feedback: keep each worker's quantisation residual and add it to the next step.
+    block_scale:    quantise each rotation block on its own scale: the norm round carries one
+                    norm per block (M_k, the max over workers) instead of one per partition
+                    (docs/ALGORITHM.md, "A scale per rotation block"). For the DDP hook and
+                    FSDP, whose partitions flatten layers of very different scales; BytePS's
+                    thc compressor keeps one norm per partition and refuses it (to_kwargs).
+                    Needs blocks of at least 32 coordinates (rotation_block None or >= 32).
 
     Tuning: the defaults (4, 30, 1/32) are the paper's. `ThcConfig.for_workers(n)` picks the
     granularity and clipping with the least error that still fits the downstream lane for n workers.
@@ -58,6 +64,7 @@ class ThcConfig:
     seed: int = 42
     rotation_block: Optional[int] = None
     error_feedback: bool = True
+    block_scale: bool = False
 
     def __post_init__(self):
         _check(self.bits, self.granularity)
@@ -70,6 +77,13 @@ class ThcConfig:
                              "for the default per partition")
         if not isinstance(self.error_feedback, bool):
             raise ValueError(f"error_feedback={self.error_feedback!r} must be True or False")
+        if not isinstance(self.block_scale, bool):
+            raise ValueError(f"block_scale={self.block_scale!r} must be True or False")
+        if self.block_scale and rb is not None and rb < TILE_ALIGN:
+            # a block's scale applies to whole chunks of the kernels, which start on the
+            # 32-coordinate grid of the sign words (and whole payload bytes)
+            raise ValueError(f"block_scale=True needs rotation blocks of at least {TILE_ALIGN} "
+                             f"coordinates, got rotation_block={rb}")
 
     # -- derived -----------------------------------------------------------------------------
     @property
@@ -139,14 +153,27 @@ class ThcConfig:
     def to_env(self) -> dict:
         """The variables that choose THC with this configuration (launcher side): BYTEPS_COMPRESSOR
         and every BYTEPS_THC_*, in the text their parsers in byteps_thc.env read back."""
+        self._refuse_block_scale("bpslaunch's environment")
         return config_to_env(self, "thc", env.THC)
+
+    def _refuse_block_scale(self, where: str) -> None:
+        if self.block_scale:
+            raise ValueError(f"block_scale=True (a scale per rotation block) is for the DDP "
+                             f"hook (byteps_thc.ddp) and FSDP (byteps_thc.fsdp); {where} "
+                             "carries BytePS's thc compressor, which keeps one norm per "
+                             "partition: use block_scale=False there")
 
     def to_kwargs(self) -> dict:
         """BytePS compressor kwargs (strings): the worker declares them, the server reads them.
 
         The C++ side (csrc/byteps) parses exactly these keys; the table travels solved, so the
-        server needs no solver and validates it instead.
+        server needs no solver and validates it instead. block_scale=True raises: BytePS keeps
+        one norm per partition.
         """
+        self._refuse_block_scale("the compressor kwargs")
+        return self._wire()
+
+    def _wire(self) -> dict:
         return {
             "compressor_type": "thc",
             "thc_bits": str(self.bits),
@@ -180,9 +207,12 @@ class ThcConfig:
                    error_feedback=kwargs.get("thc_error_feedback", "1") == "1")
 
     def fingerprint(self) -> int:
-        """64-bit digest of everything workers and server must agree on (EF is per worker)."""
-        kw = self.to_kwargs()
+        """64-bit digest of everything workers and server must agree on (EF is per worker),
+        block_scale included."""
+        kw = self._wire()
         kw.pop("thc_error_feedback")
+        if self.block_scale:  # absent when off: the default's fingerprint is the wire's
+            kw["thc_block_scale"] = "1"
         text = ";".join(f"{k}={kw[k]}" for k in sorted(kw))
         return digest64(text)
 
@@ -191,7 +221,8 @@ class ThcConfig:
         return (f"THC bits={self.bits} granularity={self.granularity} "
                 f"overflow_prob={self.overflow_prob:.3g} (T={self.clip:.4f}) seed={self.seed} "
                 f"rotation_block={self.rotation_block or 'auto'} "
-                f"error_feedback={'on' if self.error_feedback else 'off'}; "
+                f"error_feedback={'on' if self.error_feedback else 'off'}"
+                f"{' block_scale=on' if self.block_scale else ''}; "
                 f"table={list(self.table)}; expected error/coordinate={err:.4f}")
 
 

@@ -158,6 +158,10 @@ class CudaCodec:
 
     def __init__(self, cfg: ThcConfig, size: int, rank: int = 0, device=None, *,
                  fused_max_log: int = 14, column_max_bits: int = 11, chunk_log: int = 22):
+        if isinstance(cfg, ThcConfig) and cfg.block_scale:
+            raise ValueError("block_scale=True (a scale per rotation block) is not implemented "
+                             "in the CUDA kernels, which take one max norm per partition: use "
+                             "block_scale=False for CUDA tensors, or CPU tensors")
         torch, k = _torch(), _require()
         if not isinstance(cfg, ThcConfig):
             raise ValueError(f"cfg must be a ThcConfig, got {type(cfg).__name__}")

@@ -145,6 +145,18 @@ def geometry(cfg: ThcConfig, d: int) -> Geometry:
     return Geometry(d, block, padded, -(-padded * cfg.bits // 8), tail)
 
 
+def block_sizes(geo: Geometry) -> np.ndarray:
+    """The size of each rotation block of the partition, in order (int64): the blocks whose
+    scales a block_scale configuration sends, one max norm each."""
+    return np.concatenate([np.full(length // block, block, dtype=np.int64)
+                           for _, length, block in geo.segments()])
+
+
+def num_blocks(cfg: ThcConfig, d: int) -> int:
+    """Rotation blocks of a partition of d values: the length of its vector of block norms."""
+    return int(block_sizes(geometry(cfg, d)).size)
+
+
 def lane_dtype(cfg: ThcConfig, num_workers: int):
     return {8: np.uint8, 16: np.uint16, 32: np.uint32}[cfg.lane_bits(num_workers)]
 
@@ -222,17 +234,101 @@ def norm(grad, residual=None, cfg: ThcConfig = None) -> float:
     return math.sqrt(total)
 
 
-def encode(cfg: ThcConfig, grad, max_norm: float, rank: int, step: int, residual=None):
+def block_norms(grad, residual=None, cfg: ThcConfig = None) -> np.ndarray:
+    """The local norm of each rotation block (block_scale; float64, one per block in order):
+    without error feedback ||grad restricted to the block||, with it (residual = the rotated
+    state r) sqrt(sum over the block of y^2 / B), each block summed in binary64."""
+    if cfg is None:
+        raise ValueError("block_norms needs cfg (the blocks are the configuration's)")
+    grad = np.asarray(grad)
+    geo = geometry(cfg, grad.size)
+    if residual is None:
+        y, ef = _padded_input(grad, geo).astype(np.float64), False
+    else:
+        y, ef = rotate(cfg, grad, residual).astype(np.float64), True
+    out = []
+    for start, length, block in geo.segments():
+        sq = np.sum(np.square(y[start:start + length].reshape(-1, block)), axis=1)
+        out.append(np.sqrt(sq / block if ef else sq))
+    return np.concatenate(out)
+
+
+def _block_max_norms(cfg: ThcConfig, geo: Geometry, max_norm) -> np.ndarray:
+    """max_norm of a block_scale configuration checked: one finite value >= 0 per block."""
+    m = np.asarray(max_norm, dtype=np.float64)
+    nb = block_sizes(geo).size
+    if m.ndim != 1 or m.size != nb:
+        raise ValueError(f"block_scale: max_norm must hold one max norm per rotation block "
+                         f"({nb}), got shape {m.shape}")
+    if not np.all(np.isfinite(m)) or np.any(m < 0):
+        raise ValueError("block_scale: every block's max norm must be finite and >= 0")
+    return m
+
+
+def _block_scale(cfg) -> bool:
+    """cfg.block_scale; a duck-typed configuration without the field has one norm a partition."""
+    return bool(getattr(cfg, "block_scale", False))
+
+
+def _check_max_norm(cfg: ThcConfig, geo: Geometry, max_norm):
+    """The checked max norm: a float, or with block_scale an array of one per block."""
+    if _block_scale(cfg):
+        return _block_max_norms(cfg, geo, max_norm)
+    if np.ndim(max_norm) != 0:
+        raise ValueError("max_norm must be one number (block_scale is off)")
+    max_norm = float(max_norm)
+    if not math.isfinite(max_norm) or max_norm < 0:
+        raise ValueError(f"max_norm={max_norm!r} must be finite and >= 0")
+    return max_norm
+
+
+def _encode_blocks(cfg: ThcConfig, geo: Geometry, y: np.ndarray, m: np.ndarray, rank: int,
+                   step: int, ef: bool):
+    """Encode steps 3-7 with a scale per block: block k of size B is quantised as a partition of
+    its own (d_pad = B) with max norm M_k; a block with M_k = 0 gets indices 0 and keeps y."""
+    g, T, dp = cfg.granularity, cfg.clip, geo.padded
+    sizes = block_sizes(geo)
+    sb = np.sqrt(sizes.astype(np.float64))
+    live = m > 0
+    safe = np.where(live, m, 1.0)
+    c1 = np.repeat(np.where(live, g / (2.0 * T) * sb / safe / sb, 0.0).astype(F32), sizes)
+    with np.errstate(over="ignore"):  # an Inf of a huge y is clipped to g like any large value
+        t = y * c1 + F32(g / 2.0)
+    t = np.minimum(np.maximum(t, F32(0)), F32(g))
+    tbl, lvl, ig = _tables(cfg)
+    i = np.minimum(lvl[t.astype(np.int64)], tbl.size - 2)
+    p = (t - tbl[i].astype(F32)) * ig[i]
+    u = uniforms(cfg.seed, rank, step, dp)
+    dead = np.repeat(~live, sizes)
+    q = np.where(dead, 0, i + (u < p)).astype(np.uint8)
+    new_res = None
+    if ef:
+        with np.errstate(over="ignore", invalid="ignore"):  # Inf here is caught just below
+            k1 = np.repeat((2.0 * T / g * m / sb * sb).astype(F32), sizes)
+            k0 = np.repeat((-T * m / sb * sb).astype(F32), sizes)
+            new_res = y - (tbl[q].astype(F32) * k1 + k0)
+        new_res = np.where(dead, y, new_res)
+        if not np.all(np.isfinite(new_res)):
+            raise ValueError(_OVERFLOW)
+    return pack(q, cfg.bits), new_res, q
+
+
+def encode(cfg: ThcConfig, grad, max_norm, rank: int, step: int, residual=None):
     """One worker's encode. `residual`: the rotated error-feedback state r (d_pad floats; zeros at
-    the start), or None without error feedback. Returns (payload uint8, new state or None,
+    the start), or None without error feedback. `max_norm`: the agreed M, or with block_scale
+    one M_k per rotation block (block_norms' order). Returns (payload uint8, new state or None,
     indices uint8)."""
     grad = np.asarray(grad)
     geo = geometry(cfg, grad.size)
-    if not math.isfinite(max_norm) or max_norm < 0:
+    try:
+        max_norm = _check_max_norm(cfg, geo, max_norm)
+    except ValueError:
         _padded_input(grad, geo)  # a NaN gradient is reported as such first
-        raise ValueError(f"max_norm={max_norm!r} must be finite and >= 0")
+        raise
     ef = residual is not None
     y = rotate(cfg, grad, residual)
+    if _block_scale(cfg):
+        return _encode_blocks(cfg, geo, y, max_norm, rank, step, ef)
     if max_norm == 0:
         q = np.zeros(geo.padded, dtype=np.uint8)
         return pack(q, cfg.bits), (y.copy() if ef else None), q
@@ -340,8 +436,11 @@ def decode(cfg: ThcConfig, sums, d: int, num_workers: int, max_norm: float,
            total: bool = False) -> np.ndarray:
     """Every worker's estimate of the mean input from the server's sums (what the BytePS
     worker's pull of a THC tensor yields); total=True: of the sum of the inputs (n folded into
-    the scale)."""
+    the scale). With block_scale, max_norm holds one M_k per rotation block."""
     geo = geometry(cfg, d)
+    max_norm = _check_max_norm(cfg, geo, max_norm)
+    if _block_scale(cfg):
+        return _decode_blocks(cfg, geo, sums, num_workers, max_norm, total)
     if max_norm == 0:
         return np.zeros(d, dtype=F32)
     g, T, dp, n = cfg.granularity, cfg.clip, geo.padded, num_workers
@@ -359,6 +458,25 @@ def decode(cfg: ThcConfig, sums, d: int, num_workers: int, max_norm: float,
     return apply_signs(w, sign_bits(cfg.seed, dp))[:d].copy()
 
 
+def _decode_blocks(cfg: ThcConfig, geo: Geometry, sums, n: int, m: np.ndarray,
+                   total: bool) -> np.ndarray:
+    """decode() with a scale per block: block k's scales from M_k as a partition of its own
+    (d_pad = B); a block with M_k = 0 decodes to +0."""
+    g, T = cfg.granularity, cfg.clip
+    sizes = block_sizes(geo)
+    sb = np.sqrt(sizes.astype(np.float64))
+    if total:
+        m1 = (2.0 * T / g * m / sb / sb).astype(F32)
+        m0 = (-T * n * m / sb / sb).astype(F32)
+    else:
+        m1 = (2.0 * T / g / n * m / sb / sb).astype(F32)
+        m0 = (-T * m / sb / sb).astype(F32)
+    z = np.asarray(sums).astype(F32) * np.repeat(m1, sizes) + np.repeat(m0, sizes)
+    w = apply_signs(fwht_tiled(z, geo), sign_bits(cfg.seed, geo.padded))
+    w[np.repeat(m == 0, sizes)] = F32(0)
+    return w[:geo.d].copy()
+
+
 def simulate_round(cfg: ThcConfig, grads, rank_offset: int = 0, step: int = 0, residuals=None):
     """One full THC round for n workers: norm round, encodes, aggregate, publish, decode.
 
@@ -366,7 +484,10 @@ def simulate_round(cfg: ThcConfig, grads, rank_offset: int = 0, step: int = 0, r
     """
     n = len(grads)
     res = residuals if residuals is not None else [None] * n
-    m = max(norm(gr, r, cfg) for gr, r in zip(grads, res))
+    if _block_scale(cfg):  # the norm round's max, block by block
+        m = np.max([block_norms(gr, r, cfg) for gr, r in zip(grads, res)], axis=0)
+    else:
+        m = max(norm(gr, r, cfg) for gr, r in zip(grads, res))
     out = [encode(cfg, gr, m, rank_offset + i, step, r)
            for i, (gr, r) in enumerate(zip(grads, res))]
     d = len(grads[0])

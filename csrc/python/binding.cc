@@ -62,6 +62,8 @@ thc::Config CoreConfig(const py::handle& c) {
   py::object block = c.attr("rotation_block");
   cfg.rotation_block = block.is_none() ? 0 : block.cast<uint64_t>();
   cfg.table = c.attr("table").cast<std::vector<uint32_t>>();
+  // absent (a duck-typed configuration of the tests): one norm per partition
+  cfg.block_scale = py::hasattr(c, "block_scale") && c.attr("block_scale").cast<bool>();
   CheckConfig(cfg);
   return cfg;
 }
@@ -135,6 +137,42 @@ int CheckThreads(int threads) {
   return threads;
 }
 
+// The max norm(s) of an encode or a decode: one number, or with block_scale a float64 array of
+// one per rotation block (`blocks` of them), each checked as CheckMaxNorm checks one.
+struct MaxNorms {
+  double scalar = 0;
+  py::array_t<double> blocks;
+  const double* data() const { return blocks.data(); }
+  size_t count() const { return (size_t)blocks.size(); }
+};
+MaxNorms CheckMaxNorms(const thc::Config& cfg, const py::handle& obj, size_t blocks) {
+  MaxNorms m;
+  const bool is_array = py::isinstance<py::array>(obj);
+  if (!cfg.block_scale) {
+    if (is_array) Fail("max_norm must be one number: block_scale is off");
+    m.scalar = obj.cast<double>();
+    CheckMaxNorm(m.scalar);
+    return m;
+  }
+  if (!is_array) {
+    std::ostringstream e;
+    e << "block_scale: max_norm must be a float64 array of one max norm per rotation block ("
+      << blocks << ")";
+    Fail(e.str());
+  }
+  m.blocks = Vector<double>(obj, "max_norm (one per rotation block)", blocks, true);
+  const double* v = m.blocks.data();
+  for (size_t i = 0; i < blocks; ++i) {
+    if (!std::isfinite(v[i]) || v[i] < 0) {
+      std::ostringstream e;
+      e << "block_scale: the max norm of block " << i << " must be finite and >= 0, got "
+        << v[i];
+      Fail(e.str());
+    }
+  }
+  return m;
+}
+
 py::dict GeometryDict(const thc::Geometry& g) {
   py::dict r;
   r["d"] = g.d;
@@ -157,6 +195,7 @@ class PyEncoder {
     }
     enc_ = std::make_unique<thc::Encoder>(cfg, d, rank, error_feedback);
     ef_ = error_feedback;
+    cfg_ = cfg;
   }
   double Norm(const py::handle& x) {
     auto a = Vector<float>(x, "x", enc_->geometry().d, true);
@@ -169,14 +208,30 @@ class PyEncoder {
     if (st != thc::Status::kOk) FailStatus(ef_ ? "norm of x + residual" : "norm of x", st);
     return n;
   }
-  py::array_t<uint8_t> Encode(const py::handle& x, double max_norm, const py::handle& out_obj) {
+  // block_scale: the norm of each rotation block (float64, NumBlocks of them).
+  py::array_t<double> BlockNorms(const py::handle& x) {
+    if (!cfg_.block_scale) Fail("block_norms needs block_scale=True");
     auto a = Vector<float>(x, "x", enc_->geometry().d, true);
-    CheckMaxNorm(max_norm);
+    py::array_t<double> out(thc::NumBlocks(enc_->geometry()));
+    thc::Status st;
+    {
+      py::gil_scoped_release nogil;
+      st = enc_->BlockNorms(a.data(), out.mutable_data());
+    }
+    if (st != thc::Status::kOk)
+      FailStatus(ef_ ? "block norms of x + residual" : "block norms of x", st);
+    return out;
+  }
+  py::array_t<uint8_t> Encode(const py::handle& x, const py::handle& max_norm,
+                              const py::handle& out_obj) {
+    auto a = Vector<float>(x, "x", enc_->geometry().d, true);
+    const MaxNorms m = CheckMaxNorms(cfg_, max_norm, thc::NumBlocks(enc_->geometry()));
     py::array_t<uint8_t> out = OutArray<uint8_t>(out_obj, enc_->geometry().payload_bytes);
     thc::Status st;
     {
       py::gil_scoped_release nogil;
-      st = enc_->Encode(a.data(), max_norm, out.mutable_data());
+      st = cfg_.block_scale ? enc_->EncodeBlocks(a.data(), m.data(), m.count(), out.mutable_data())
+                            : enc_->Encode(a.data(), m.scalar, out.mutable_data());
     }
     if (st != thc::Status::kOk)
       FailStatus(ef_ ? "encode of x + residual" : "encode of x", st, "; nothing was changed");
@@ -194,6 +249,7 @@ class PyEncoder {
  private:
   std::unique_ptr<thc::Encoder> enc_;
   bool ef_ = false;
+  thc::Config cfg_;
 };
 
 class PyAggregator {
@@ -252,14 +308,14 @@ py::array SumsArray(const py::handle& sums, int* lane) {
 }
 
 py::array_t<float> DecodePy(const thc::Config& cfg, size_t d, const py::handle& sums,
-                            uint32_t num_workers, double max_norm, const py::handle& out_obj,
-                            int threads) {
+                            uint32_t num_workers, const py::handle& max_norm,
+                            const py::handle& out_obj, int threads) {
   CheckConfig(cfg);
   CheckThreads(threads);
   CheckSize(d);
-  CheckMaxNorm(max_norm);
   if (num_workers == 0) Fail("num_workers must be >= 1, got 0");
   const thc::Geometry geo = thc::MakeGeometry(cfg, d);
+  const MaxNorms m = CheckMaxNorms(cfg, max_norm, thc::NumBlocks(geo));
   int lane = 0;
   py::array a = SumsArray(sums, &lane);
   const int need = thc::LaneBits(cfg, num_workers);
@@ -279,7 +335,10 @@ py::array_t<float> DecodePy(const thc::Config& cfg, size_t d, const py::handle& 
   thc::Status st;
   {
     py::gil_scoped_release nogil;
-    st = thc::Decode(cfg, d, a.data(), lane, num_workers, max_norm, out.mutable_data(), threads);
+    st = cfg.block_scale ? thc::DecodeBlocks(cfg, d, a.data(), lane, num_workers, m.data(),
+                                             m.count(), out.mutable_data(), threads)
+                         : thc::Decode(cfg, d, a.data(), lane, num_workers, m.scalar,
+                                       out.mutable_data(), threads);
   }
   if (st != thc::Status::kOk) FailStatus("decode", st);
   return out;
@@ -314,14 +373,14 @@ py::array_t<uint8_t> PublishPy(const thc::Config& cfg, uint32_t num_workers,
 }
 
 py::array_t<float> DecodePublishedPy(const thc::Config& cfg, size_t d, const py::handle& packed,
-                                     uint32_t num_workers, double max_norm, bool total, int threads,
-                                     const py::handle& out_obj) {
+                                     uint32_t num_workers, const py::handle& max_norm, bool total,
+                                     int threads, const py::handle& out_obj) {
   CheckSize(d);
   CheckThreads(threads);
-  CheckMaxNorm(max_norm);
   const int w = SumBitsChecked(cfg, num_workers);
   auto a = Vector<uint8_t>(packed, "packed");
   const thc::Geometry geo = thc::MakeGeometry(cfg, d);
+  const MaxNorms m = CheckMaxNorms(cfg, max_norm, thc::NumBlocks(geo));
   const size_t want = thc::PackedSumsBytes(geo.padded, w);
   if ((size_t)a.size() != want) {
     std::ostringstream m;
@@ -333,8 +392,11 @@ py::array_t<float> DecodePublishedPy(const thc::Config& cfg, size_t d, const py:
   thc::Status st;
   {
     py::gil_scoped_release nogil;
-    st = thc::DecodePacked(cfg, d, a.data(), (size_t)a.size(), w, num_workers, max_norm,
-                           out.mutable_data(), total, threads);
+    st = cfg.block_scale
+             ? thc::DecodePackedBlocks(cfg, d, a.data(), (size_t)a.size(), w, num_workers,
+                                       m.data(), m.count(), out.mutable_data(), total, threads)
+             : thc::DecodePacked(cfg, d, a.data(), (size_t)a.size(), w, num_workers, m.scalar,
+                                 out.mutable_data(), total, threads);
   }
   if (st != thc::Status::kOk) FailStatus("decode", st);
   return out;
@@ -375,7 +437,8 @@ PYBIND11_MODULE(_C, m) {
       .def_readwrite("clip", &thc::Config::clip)
       .def_readwrite("seed", &thc::Config::seed)
       .def_readwrite("rotation_block", &thc::Config::rotation_block)
-      .def_readwrite("table", &thc::Config::table);
+      .def_readwrite("table", &thc::Config::table)
+      .def_readwrite("block_scale", &thc::Config::block_scale);
 
   // The core's limits (inclusive) and status texts: Python restates none of them.
   m.attr("MAX_SIZE") = thc::kMaxSize;
@@ -429,6 +492,7 @@ PYBIND11_MODULE(_C, m) {
       .def(py::init<const thc::Config&, size_t, uint32_t, bool>(), py::arg("cfg"), py::arg("d"),
            py::arg("rank"), py::arg("error_feedback"))
       .def("norm", &PyEncoder::Norm, py::arg("x"))
+      .def("block_norms", &PyEncoder::BlockNorms, py::arg("x"))
       .def("encode", &PyEncoder::Encode, py::arg("x"), py::arg("max_norm"),
            py::arg("out") = py::none())
       .def_property(
@@ -445,6 +509,8 @@ PYBIND11_MODULE(_C, m) {
           "threads", [](PyEncoder& e) { return e.core().threads(); },
           [](PyEncoder& e, int t) { e.core().set_threads(CheckThreads(t)); })
       .def_property_readonly("residual", &PyEncoder::Residual)
+      .def_property_readonly("blocks",
+                             [](PyEncoder& e) { return thc::NumBlocks(e.core().geometry()); })
       .def("reset_residual", [](PyEncoder& e) { e.core().ResetResidual(); })
       .def_property_readonly("geometry",
                              [](PyEncoder& e) { return GeometryDict(e.core().geometry()); });

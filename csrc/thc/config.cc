@@ -53,6 +53,12 @@ std::string Validate(const Config& cfg) {
     m << "rotation_block must be at most 2^32, got " << cfg.rotation_block;
     return m.str();
   }
+  if (cfg.block_scale && cfg.rotation_block != 0 && cfg.rotation_block < kTileAlign) {
+    // a block's scale applies to whole kernel chunks, which start on the sign words' grid
+    m << "block_scale needs rotation blocks of at least " << kTileAlign
+      << " coordinates, got rotation_block=" << cfg.rotation_block;
+    return m.str();
+  }
   if (cfg.table.size() != levels) {
     m << "table must have 2^bits = " << levels << " entries, got " << cfg.table.size();
     return m.str();
@@ -119,6 +125,12 @@ Geometry MakeGeometry(const Config& cfg, size_t d) {
   g.tail_block = (size_t)tail;
   g.payload_bytes = (g.padded * (size_t)cfg.bits + 7) / 8;
   return g;
+}
+
+size_t NumBlocks(const Geometry& geo) {
+  if (geo.padded == 0) return 0;
+  const size_t main = geo.padded - geo.tail_block;
+  return main / geo.block + (geo.tail_block ? 1 : 0);
 }
 
 int LaneBits(const Config& cfg, uint32_t num_workers) {

@@ -76,6 +76,16 @@ struct Encoder::Impl {
   // block) runs it on this thread with `inner` threads for its kernel (1 otherwise).
   template <class Body>
   size_t ForChunks(Body body);
+  // Whether scratch holds Norm()'s y for this Encode of `grad`; it no longer does after this.
+  bool TakePrepared(const float* grad);
+  // qp (its error levels in efr, 2^bits floats) for max norm M of a partition of
+  // sqrt(d_pad) = sd whose run of blocks scales by sqrt(B) = sb (Encode steps 4 and 7).
+  void Quant(double M, double sd, double sb, uint32_t key, detail::QuantParams* qp,
+             float* efr) const;
+  // Encode steps 4-8 over the chunks, chunk i with the params qp_of(i, local, local_efr)
+  // returns (nullptr: its M is 0, so its indices are 0 and its residual is y).
+  template <class QpOf>
+  Status Quantise(const float* grad, bool prep, uint8_t* payload, QpOf qp_of);
 };
 
 namespace {
@@ -108,6 +118,7 @@ Encoder::Encoder(const Config& cfg, size_t d, uint32_t rank, bool error_feedback
   m.sign_key = SignKey(cfg.seed);
   m.chunk = std::max(m.geo.block, detail::kChunk);
   m.chunk = std::min(m.chunk, std::max(m.geo.padded, m.geo.block));
+  if (cfg.block_scale) m.chunk = m.geo.block;  // a chunk per block: each has its own scale
   m.nruns = detail::Runs(m.geo.padded, m.geo.block, m.geo.tail_block, m.runs);
   for (int r = 0; r < m.nruns; ++r)
     for (size_t j0 = m.runs[r].start; j0 < m.runs[r].end; j0 += m.chunk)
@@ -240,14 +251,116 @@ Status Encoder::Norm(const float* grad, double* norm) {
   return Status::kOk;
 }
 
+bool Encoder::Impl::TakePrepared(const float* grad) {
+  const bool ok = prepared && prep_step == step && prep_grad == grad && Probe(grad, false);
+  prepared = false;  // scratch is rewritten by the encode, whatever happens
+  return ok;
+}
+
+void Encoder::Impl::Quant(double M, double sd, double sb, uint32_t key, detail::QuantParams* out,
+                          float* efr) const {
+  const double T = cfg.clip, g = cfg.granularity;
+  detail::QuantParams& qp = *out;
+  qp.c1 = (float)(g / (2.0 * T) * sd / M / sb);
+  qp.c0 = (float)(g / 2.0);
+  qp.gmax = (float)g;
+  qp.k1 = (float)(2.0 * T / g * M / sd * sb);
+  qp.k0 = (float)(-T * M / sd * sb);
+  qp.ef = ef;
+  qp.round_key = key;
+  qp.levels = 1 << cfg.bits;
+  qp.lvl = lvl.empty() ? nullptr : lvl.data();
+  qp.tbl = tbl.data();
+  qp.tblf = tblf.data();
+  qp.ig = ig.data();
+  qp.ig24 = ig24.data();
+  for (int i = 0; i < qp.levels; ++i) {  // the error's level values, as step 7 computes them
+    const float e = tblf[i] * qp.k1;
+    efr[i] = e + qp.k0;
+  }
+  qp.efr = efr;
+  qp.res_bound = 0;
+  qp.efr_absmax = 0;
+  if (ef) {
+    qp.res_bound = res_bound;
+    for (int i = 0; i < qp.levels; ++i) {
+      const double a = std::fabs((double)efr[i]);
+      qp.efr_absmax = std::isfinite(a) ? std::max(qp.efr_absmax, a) : HUGE_VAL;
+    }
+  }
+}
+
+template <class QpOf>
+Status Encoder::Impl::Quantise(const float* grad, bool prep, uint8_t* payload, QpOf qp_of) {
+  const detail::Kernels& k = detail::ActiveKernels();
+  const size_t bits = (size_t)cfg.bits;
+  const size_t fail = ForChunks([&](size_t i, int inner) -> int {
+    const ChunkTask& c = tasks[i];
+    const size_t j0 = c.j0, n = c.n;
+    const size_t nvalid = j0 < geo.d ? std::min(n, geo.d - j0) : 0;
+    uint8_t* out = payload + j0 * bits / 8;
+    detail::QuantParams local;
+    float local_efr[256];  // 2^bits <= 256 levels
+    const detail::QuantParams* qpp = qp_of(i, &local, local_efr);
+    if (!qpp) {  // this block's M is 0: every index 0; with error feedback its residual is y
+      const size_t end = j0 + n == geo.padded ? geo.payload_bytes : (j0 + n) * bits / 8;
+      std::memset(out, 0, end - j0 * bits / 8);
+      task_value[i] = HUGE_VAL;  // y: finite, but unbounded here (the next encode checks)
+      double s = 0;
+      if (!ef) return nvalid == 0 || k.sum_squares(grad + j0, nvalid, &s) ? detail::kChunkOk
+                                                                          : detail::kChunkNonFinite;
+      if (prep) return detail::kChunkOk;  // y of this block is in scratch already
+      return k.rotate_chunk(nvalid ? grad + j0 : nullptr, res.data() + j0, nvalid, n, j0,
+                            runs[c.run].block, sign_key, scratch.data() + j0, &s, inner);
+    }
+    const detail::QuantParams& qp = *qpp;
+    ChunkWork& cw = ThreadChunkWork(chunk);  // this thread's
+    int st;
+    double chunk_bound = 0;
+    if (prep) {  // y is in scratch: quantise it there (it becomes the new residual)
+      // Pointwise: slices of whole kChunks (aligned for the kernels, whole payload bytes) on
+      // the inner threads, their bounds' maximum (float bits in unsigned order) in the end.
+      const size_t units = (n + detail::kChunk - 1) / detail::kChunk;
+      const size_t parts = std::min<size_t>((size_t)inner, units);
+      uint32_t slice_mb[kMaxThreads] = {};
+      detail::ParallelTasks((int)parts, parts, [&](size_t sl) {
+        const size_t lo = sl * units / parts * detail::kChunk;
+        const size_t hi = std::min(n, (sl + 1) * units / parts * detail::kChunk);
+        uint8_t* idx = cw.idx.data() + lo;  // the caller's buffer, each slice its own range
+        slice_mb[sl] = k.quantize(scratch.data() + j0 + lo, hi - lo, j0 + lo, qp, idx);
+        k.pack(idx, hi - lo, (int)bits, out + lo * bits / 8);
+      });
+      uint32_t mb = 0;
+      for (size_t sl = 0; sl < parts; ++sl) mb = std::max(mb, slice_mb[sl]);
+      float e;
+      std::memcpy(&e, &mb, 4);
+      chunk_bound = e;
+      st = mb < 0x7F800000u ? detail::kChunkOk : detail::kChunkOverflow;
+    } else {
+      st = k.encode_chunk(nvalid ? grad + j0 : nullptr, ef ? res.data() + j0 : nullptr, nvalid, n,
+                          j0, runs[c.run].block, sign_key, qp, cw.work.data(), cw.idx.data(), out,
+                          ef ? scratch.data() + j0 : nullptr, &chunk_bound, inner);
+    }
+    task_value[i] = chunk_bound;
+    return st;
+  });
+  if (fail < tasks.size()) return FromChunk(task_status[fail]);
+  double bound = 0;  // of the new residual
+  for (size_t i = 0; i < tasks.size(); ++i) bound = std::max(bound, task_value[i]);
+  if (ef) {
+    res.swap(scratch);
+    res_bound = bound;
+  }
+  ++step;
+  return Status::kOk;
+}
+
 Status Encoder::Encode(const float* grad, double max_norm, uint8_t* payload) {
   Impl& m = *impl_;
   const detail::Kernels& k = detail::ActiveKernels();
-  const bool prepared =
-      m.prepared && m.prep_step == m.step && m.prep_grad == grad && m.Probe(grad, false);
-  m.prepared = false;  // scratch is rewritten below, whatever happens
+  const bool prepared = m.TakePrepared(grad);
   if (!std::isfinite(max_norm)) return Status::kNonFinite;
-  if (max_norm < 0) return Status::kBadArgument;
+  if (max_norm < 0 || m.cfg.block_scale) return Status::kBadArgument;
   const Geometry& geo = m.geo;
 
   if (max_norm == 0) {  // every index 0; the residual becomes y
@@ -267,86 +380,63 @@ Status Encoder::Encode(const float* grad, double max_norm, uint8_t* payload) {
     return Status::kOk;
   }
 
-  const double T = m.cfg.clip, g = m.cfg.granularity, M = max_norm;
   const double sd = std::sqrt((double)geo.padded);
-  const size_t bits = (size_t)m.cfg.bits;
+  const uint32_t key = RoundKey(m.cfg.seed, m.rank, m.step);
   detail::QuantParams qps[2];
-  for (int r = 0; r < m.nruns; ++r) {
-    const detail::Run& run = m.runs[r];
-    const double sb = std::sqrt((double)run.block);  // each run scales by its own block
-    detail::QuantParams& qp = qps[r];
-    qp.c1 = (float)(g / (2.0 * T) * sd / M / sb);
-    qp.c0 = (float)(g / 2.0);
-    qp.gmax = (float)g;
-    qp.k1 = (float)(2.0 * T / g * M / sd * sb);
-    qp.k0 = (float)(-T * M / sd * sb);
-    qp.ef = m.ef;
-    qp.round_key = RoundKey(m.cfg.seed, m.rank, m.step);
-    qp.levels = 1 << m.cfg.bits;
-    qp.lvl = m.lvl.empty() ? nullptr : m.lvl.data();
-    qp.tbl = m.tbl.data();
-    qp.tblf = m.tblf.data();
-    qp.ig = m.ig.data();
-    qp.ig24 = m.ig24.data();
-    std::vector<float>& efr = m.efr[r];
-    for (int i = 0; i < qp.levels; ++i) {  // the error's level values, as step 7 computes them
-      const float e = m.tblf[i] * qp.k1;
-      efr[i] = e + qp.k0;
-    }
-    qp.efr = efr.data();
-    if (m.ef) {
-      qp.res_bound = m.res_bound;
-      qp.efr_absmax = 0;
-      for (int i = 0; i < qp.levels; ++i) {
-        const double a = std::fabs((double)efr[i]);
-        qp.efr_absmax = std::isfinite(a) ? std::max(qp.efr_absmax, a) : HUGE_VAL;
-      }
-    }
+  for (int r = 0; r < m.nruns; ++r)  // each run scales by its own block
+    m.Quant(max_norm, sd, std::sqrt((double)m.runs[r].block), key, &qps[r], m.efr[r].data());
+  return m.Quantise(grad, prepared, payload,
+                    [&](size_t i, detail::QuantParams*, float*) { return &qps[m.tasks[i].run]; });
+}
+
+Status Encoder::EncodeBlocks(const float* grad, const double* max_norms, size_t count,
+                             uint8_t* payload) {
+  Impl& m = *impl_;
+  const bool prepared = m.TakePrepared(grad);
+  if (!m.cfg.block_scale || count != m.tasks.size()) return Status::kBadArgument;
+  for (size_t i = 0; i < count; ++i)
+    if (!std::isfinite(max_norms[i])) return Status::kNonFinite;
+  for (size_t i = 0; i < count; ++i)
+    if (max_norms[i] < 0) return Status::kBadArgument;
+  // block_scale: one chunk per block (the constructor), each a partition of its own: d_pad = B
+  const uint32_t key = RoundKey(m.cfg.seed, m.rank, m.step);
+  return m.Quantise(grad, prepared, payload,
+                    [&](size_t i, detail::QuantParams* local,
+                        float* efr) -> const detail::QuantParams* {
+                      if (max_norms[i] == 0) return nullptr;
+                      const double sb = std::sqrt((double)m.runs[m.tasks[i].run].block);
+                      m.Quant(max_norms[i], sb, sb, key, local, efr);
+                      return local;
+                    });
+}
+
+Status Encoder::BlockNorms(const float* grad, double* norms) {
+  Impl& m = *impl_;
+  m.prepared = false;
+  if (!m.cfg.block_scale) return Status::kBadArgument;
+  if (!m.ef) {
+    const detail::Kernels& k = detail::ActiveKernels();
+    const size_t fail = m.ForChunks([&](size_t i, int) {
+      const Impl::ChunkTask& c = m.tasks[i];
+      const size_t nvalid = c.j0 < m.geo.d ? std::min(c.n, m.geo.d - c.j0) : 0;
+      double s = 0;
+      const bool ok = nvalid == 0 || k.sum_squares(grad + c.j0, nvalid, &s);
+      m.task_value[i] = s;
+      return ok ? detail::kChunkOk : detail::kChunkNonFinite;
+    });
+    if (fail < m.tasks.size()) return Status::kNonFinite;
+    for (size_t i = 0; i < m.tasks.size(); ++i) norms[i] = std::sqrt(m.task_value[i]);
+    return Status::kOk;
   }
-  const size_t fail = m.ForChunks([&](size_t i, int inner) {
-    const Impl::ChunkTask& c = m.tasks[i];
-    const size_t j0 = c.j0, n = c.n;
-    const detail::QuantParams& qp = qps[c.run];
-    ChunkWork& cw = ThreadChunkWork(m.chunk);  // this thread's
-    uint8_t* out = payload + j0 * bits / 8;
-    int st;
-    double chunk_bound = 0;
-    if (prepared) {  // y is in scratch: quantise it there (it becomes the new residual)
-      // Pointwise: slices of whole kChunks (aligned for the kernels, whole payload bytes) on
-      // the inner threads, their bounds' maximum (float bits in unsigned order) in the end.
-      const size_t units = (n + detail::kChunk - 1) / detail::kChunk;
-      const size_t parts = std::min<size_t>((size_t)inner, units);
-      uint32_t slice_mb[kMaxThreads] = {};
-      detail::ParallelTasks((int)parts, parts, [&](size_t s) {
-        const size_t lo = s * units / parts * detail::kChunk;
-        const size_t hi = std::min(n, (s + 1) * units / parts * detail::kChunk);
-        uint8_t* idx = cw.idx.data() + lo;  // the caller's buffer, each slice its own range
-        slice_mb[s] = k.quantize(m.scratch.data() + j0 + lo, hi - lo, j0 + lo, qp, idx);
-        k.pack(idx, hi - lo, (int)bits, out + lo * bits / 8);
-      });
-      uint32_t mb = 0;
-      for (size_t s = 0; s < parts; ++s) mb = std::max(mb, slice_mb[s]);
-      float e;
-      std::memcpy(&e, &mb, 4);
-      chunk_bound = e;
-      st = mb < 0x7F800000u ? detail::kChunkOk : detail::kChunkOverflow;
-    } else {
-      const size_t nvalid = j0 < geo.d ? std::min(n, geo.d - j0) : 0;
-      st = k.encode_chunk(nvalid ? grad + j0 : nullptr, m.ef ? m.res.data() + j0 : nullptr, nvalid,
-                          n, j0, m.runs[c.run].block, m.sign_key, qp, cw.work.data(), cw.idx.data(),
-                          out, m.ef ? m.scratch.data() + j0 : nullptr, &chunk_bound, inner);
-    }
-    m.task_value[i] = chunk_bound;
-    return st;
-  });
-  if (fail < m.tasks.size()) return FromChunk(m.task_status[fail]);
-  double bound = 0;  // of the new residual
-  for (size_t i = 0; i < m.tasks.size(); ++i) bound = std::max(bound, m.task_value[i]);
-  if (m.ef) {
-    m.res.swap(m.scratch);
-    m.res_bound = bound;
-  }
-  ++m.step;
+  double s;
+  const Status st = m.Rotate(grad, &s);
+  if (st != Status::kOk) return st;
+  for (size_t i = 0; i < m.tasks.size(); ++i)  // one chunk per block: its sum of y^2
+    norms[i] = std::sqrt(m.task_value[i] / (double)m.runs[m.tasks[i].run].block);
+  m.prepared = true;
+  m.prep_step = m.step;
+  m.prep_grad = grad;
+  m.Probe(grad, true);
   return Status::kOk;
 }
 

@@ -45,6 +45,9 @@ struct Config {
   uint64_t seed = 42;
   uint64_t rotation_block = 0;  // power of two (blocks of one size); 0 = tiled by AutoBlock(d)
   std::vector<uint32_t> table;  // 2^bits levels, 0 .. g, strictly increasing
+  // One max norm per rotation block (docs/ALGORITHM.md, "A scale per rotation block"): the
+  // *Blocks calls below instead of the scalar ones; rotation_block 0 or >= kTileAlign.
+  bool block_scale = false;
 };
 
 // Empty string when valid, else a message naming the bad field and value.
@@ -73,6 +76,8 @@ uint64_t TiledSize(uint64_t d, uint64_t block, uint64_t* tail);
 // with TiledSize(d, B) <= 1.05 d; if none, the one of least d_pad (the larger on a tie);
 // next_pow2(d) when that is <= kAutoMinBlock.
 uint64_t AutoBlock(uint64_t d);
+// The rotation blocks of a partition, in order: the length of a block_scale norm vector.
+size_t NumBlocks(const Geometry& geo);
 
 // Bits of one aggregation lane for n workers: 8, 16, 32; 0 if n*g does not fit 32 bits.
 int LaneBits(const Config& cfg, uint32_t num_workers);
@@ -105,6 +110,14 @@ class Encoder {
   // rotation or the new residual produces one (docs/ALGORITHM.md, Encode). On any error nothing
   // changes (step, residual); the payload may be partly written.
   Status Encode(const float* grad, double max_norm, uint8_t* payload);
+  // block_scale: the local norm of each rotation block into norms[0, NumBlocks(geometry()))
+  // (with error feedback sqrt(sum y^2 / B) of the block's rotation, which the EncodeBlocks()
+  // of the same step and gradient reuses, as Norm's), and the encode with one max norm per
+  // block (count = NumBlocks; a block of M_k = 0 gets indices 0 and keeps its y). Statuses as
+  // Norm / Encode; kBadArgument for a wrong count or a negative M_k, and for these calls
+  // without block_scale (or Norm-less Encode with it).
+  Status BlockNorms(const float* grad, double* norms);
+  Status EncodeBlocks(const float* grad, const double* max_norms, size_t count, uint8_t* payload);
   uint64_t step() const;
   void set_step(uint64_t step);
   // Norm() and Encode() run on up to `threads` threads, the calling one included, where each
@@ -163,6 +176,15 @@ bool PackSums(const void* lanes, int lane_bits, size_t n, int sum_bits, uint8_t*
 Status DecodePacked(const Config& cfg, size_t d, const uint8_t* packed, size_t bytes, int sum_bits,
                     uint32_t num_workers, double max_norm, float* out, bool total = false,
                     int threads = 1);
+// Decode / DecodePacked of a block_scale configuration: one max norm per rotation block
+// (count = NumBlocks); a block of M_k = 0 decodes to +0. The scalar calls refuse block_scale
+// (kBadArgument), these calls its absence.
+Status DecodeBlocks(const Config& cfg, size_t d, const void* sums, int lane_bits,
+                    uint32_t num_workers, const double* max_norms, size_t count, float* out,
+                    int threads = 1);
+Status DecodePackedBlocks(const Config& cfg, size_t d, const uint8_t* packed, size_t bytes,
+                          int sum_bits, uint32_t num_workers, const double* max_norms,
+                          size_t count, float* out, bool total = false, int threads = 1);
 
 // The instruction set chosen at run time: "avx512", "avx2" or "portable" (the best this CPU has).
 const char* ActiveIsa();

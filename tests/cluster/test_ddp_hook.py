@@ -48,10 +48,12 @@ def run_ranks(n, args, out_dir, timeout=240, worker=WORKER):
 
 
 # -- the rules, as the docs state them -----------------------------------------------------------
-def expected_block(d):
-    """Largest power of two B >= 2^10 with ceil(d/B)*B <= 1.05 d, else min(2^10, next_pow2(d))."""
+def expected_block(d, largest=None):
+    """Largest power of two B >= 2^10 (and <= largest) with ceil(d/B)*B <= 1.05 d, else
+    min(2^10, next_pow2(d))."""
     whole = 1 << max(0, math.ceil(math.log2(d)))
-    for b in (1 << k for k in range(whole.bit_length() - 1, 9, -1)):
+    top = min(whole, largest or whole)
+    for b in (1 << k for k in range(top.bit_length() - 1, 9, -1)):
         if math.ceil(d / b) * b <= 1.05 * d:
             return b
     return min(whole, 1024)
@@ -101,8 +103,24 @@ def test_shards_are_whole_bytes_of_the_payload(bits, n):
 # of them to per-parameter form (reference.unrotate_residual, cut to the pieces), zeroes its own,
 # and encodes gradient + those pieces; state_dict() moves every rotated residual to that form.
 def bucket_cfg(cfg, key, d):
-    return ThcConfig(**dict(cfg, rotation_block=expected_block(d),
+    return ThcConfig(**dict(cfg, rotation_block=requested_block(cfg, d),
                             seed=expected_seed(cfg["seed"], key)))
+
+
+def requested_block(cfg, d):
+    """The block rule (with block_scale: blocks of at most 2^16), or a requested block capped at
+    next_pow2(d); with block_scale at least 32."""
+    rb, bs = cfg["rotation_block"], cfg.get("block_scale")
+    block = (min(rb, 1 << max(0, math.ceil(math.log2(d)))) if rb
+             else expected_block(d, 1 << 16 if bs else None))
+    return max(block, 32) if bs else block
+
+
+def max_norms(cfg, xs, residuals):
+    """The norm round's result: the max over ranks of each norm (block_scale: of each block's)."""
+    if cfg.block_scale:
+        return np.max([reference.block_norms(x, r, cfg) for x, r in zip(xs, residuals)], axis=0)
+    return max(reference.norm(x, r, cfg) for x, r in zip(xs, residuals))
 
 
 def release(sim, r, lid):
@@ -172,8 +190,9 @@ def simulate(n, layouts, trace, cfg, dtype, start_iter, min_bytes, sim):
             for i in idxs:
                 out[i] = ("nan", None)
             continue
-        norms = [reference.norm(xr, rot[(r, lid)], c) for r, xr in enumerate(x)]
-        assert m == pytest.approx(max(norms), rel=1e-6)  # the norm is not bit-exact (contract)
+        want_m = max_norms(c, x, [rot[(r, lid)] for r in range(n)])
+        m = np.asarray(m) if c.block_scale else m
+        np.testing.assert_allclose(m, want_m, rtol=1e-6)  # the norm is not bit-exact (contract)
         step = steps.get(key, 0)
         enc = [reference.encode(c, x[r], m, r, step, rot[(r, lid)]) for r in range(n)]
         mean = reference.decode(c, reference.aggregate(c, [e[0] for e in enc], d, n), d, n, m)
@@ -201,9 +220,13 @@ def check(expected, got_steps, first_step):
                 assert torch.all((g.double() - want.double()).abs() <= tol)
 
 
-@pytest.mark.parametrize("n, dtype, start_iter", [(2, "float32", 0), (3, "bfloat16", 1)])
-def test_hook_is_the_reference_bit_for_bit(tmp_path, n, dtype, start_iter):
-    ranks = run_ranks(n, ["exact", dtype, str(start_iter)], tmp_path)
+@pytest.mark.parametrize("n, dtype, start_iter, block", [
+    # block: "0" the default (a scale per block), "one" one norm a bucket, else a scale per
+    # block of that size
+    (2, "float32", 0, "0"), (3, "bfloat16", 1, "one"),
+    (2, "float32", 0, "one"), (3, "bfloat16", 1, "1024")])
+def test_hook_is_the_reference_bit_for_bit(tmp_path, n, dtype, start_iter, block):
+    ranks = run_ranks(n, ["exact", dtype, str(start_iter), block], tmp_path)
     r0 = ranks[0]
     # every rank holds the same bits: after the run and after the state_dict round trip
     for other in ranks[1:]:

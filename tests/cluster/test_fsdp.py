@@ -16,7 +16,7 @@ import torch
 
 from byteps_thc import ThcConfig, reference
 from conftest import ROOT
-from test_ddp_hook import run_ranks, run_torchrun
+from test_ddp_hook import max_norms, run_ranks, run_torchrun
 from tests.cluster.scripts import fsdp_worker as worker
 
 SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts")
@@ -28,10 +28,17 @@ SUM_STEP = 1        # the worker's one call with op SUM
 
 def shard_cfg(cfg, key, j, size, ef):
     """Shard j of a group: blocks of the largest power of two B >= 2^10 with ceil(S/B)*B <=
-    1.05 S, seed = the first 8 bytes (little-endian) of sha256(f"{seed}:{key},{j}")."""
+    1.05 S (with block_scale B <= 2^16; a requested block instead, capped at next_pow2(S);
+    with block_scale >= 32),
+    seed = the first 8 bytes (little-endian) of sha256(f"{seed}:{key},{j}")."""
     whole = 1 << max(0, math.ceil(math.log2(size)))
-    block = next((b for b in (1 << k for k in range(whole.bit_length() - 1, 9, -1))
+    top = min(whole, 1 << 16) if cfg.block_scale else whole  # block_scale: blocks up to 2^16
+    block = next((b for b in (1 << k for k in range(top.bit_length() - 1, 9, -1))
                   if math.ceil(size / b) * b <= 1.05 * size), min(whole, 1024))
+    if cfg.rotation_block:
+        block = min(cfg.rotation_block, whole)
+    if cfg.block_scale:
+        block = max(block, 32)
     seed = int.from_bytes(hashlib.sha256(f"{cfg.seed}:{key},{j}".encode()).digest()[:8], "little")
     return ThcConfig(**dict(cfg.__dict__, rotation_block=block, seed=seed, error_feedback=ef))
 
@@ -59,10 +66,11 @@ def simulate(n, cfg, ef, dtype, trace):
             assert ms is None
             expected.append("nan")
             continue
+        ms = [np.asarray(m) if cfg.block_scale else m for m in ms]
         for j in range(n):
-            norms = [reference.norm(xs[(r, j)], rot[(r, j)] if ef == "fp32" else None,
-                                    cfgs[j]) for r in range(n)]
-            assert ms[j] == pytest.approx(max(norms), rel=1e-6)  # the norm is not bit-exact
+            want = max_norms(cfgs[j], [xs[(r, j)] for r in range(n)],
+                             [rot[(r, j)] if ef == "fp32" else None for r in range(n)])
+            np.testing.assert_allclose(ms[j], want, rtol=1e-6)  # the norm is not bit-exact
         outs = []
         for j in range(n):
             enc = [reference.encode(cfgs[j], xs[(r, j)], ms[j], r, step,
@@ -95,10 +103,13 @@ def check(expected, got, rank):
             assert torch.equal(g, want[rank]), f"step {s}, rank {rank}"
 
 
-@pytest.mark.parametrize("n, dtype, ef", [(2, "float32", "fp32"), (3, "bfloat16", "fp32"),
-                                          (2, "float16", "bf16"), (3, "float32", "off")])
-def test_reduce_scatter_is_the_reference_bit_for_bit(tmp_path, n, dtype, ef):
-    ranks = run_ranks(n, ["exact", dtype, ef], tmp_path, worker=WORKER)
+@pytest.mark.parametrize("n, dtype, ef, block", [
+    # block: "0" the default (a scale per block), "one" one norm a shard, else a scale per
+    # block of that size
+    (2, "float32", "fp32", "0"), (3, "bfloat16", "fp32", "one"), (2, "float16", "bf16", "0"),
+    (3, "float32", "off", "one"), (2, "float32", "fp32", "1024"), (3, "float16", "bf16", "one")])
+def test_reduce_scatter_is_the_reference_bit_for_bit(tmp_path, n, dtype, ef, block):
+    ranks = run_ranks(n, ["exact", dtype, ef, block], tmp_path, worker=WORKER)
     r0 = ranks[0]
     expected = simulate(n, r0["config"], ef, getattr(torch, dtype), r0["trace"])
     for r, got in enumerate(ranks):

@@ -301,16 +301,20 @@ def test_mismatched_registration_fails_every_round(cluster):
     assert cluster.server_alive()
 
 
-def test_invalid_kwargs_refused_with_message(cluster):
+@pytest.mark.parametrize("keyno, extra, why", [
+    (43, {"thc_table": "0,3,5,7"}, "table"),  # 4 levels for bits=4
+    # a scale per rotation block is the DDP hook's and FSDP's: BytePS keeps one norm per partition
+    (44, {"thc_block_scale": "1"}, "thc_block_scale=1: BytePS's thc compressor keeps one norm "
+                                   "per partition")])
+def test_invalid_kwargs_refused_with_message(cluster, keyno, extra, why):
     n, d = cluster.n, 20_000
-    key = 43 << 16
-    kw = ThcConfig().to_kwargs()
-    kw["thc_table"] = "0,3,5,7"  # 4 levels for bits=4
+    key = keyno << 16
+    kw = dict(ThcConfig().to_kwargs(), **extra)
     k = Key(cluster, key, d, kw)
     fp = k.fingerprint(ThcConfig().to_kwargs())[0]
     for r in k.round([header(fp) + bytes(d)] * n):
         msg = error_of(r)
-        assert f"THC key {key}: registration refused" in msg and "table" in msg
+        assert f"THC key {key}: registration refused" in msg and why in msg, msg
     assert cluster.server_alive()
 
 

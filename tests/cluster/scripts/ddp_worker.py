@@ -14,6 +14,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from byteps_thc import ThcConfig
+from byteps_thc.collective.rounds import default_config
 from byteps_thc.ddp import ThcHookState, thc_hook
 
 # sizes chosen so that DDP's buckets (cap 1 MB = 262144 fp32) change at the rebuild: the forward
@@ -69,10 +70,21 @@ def wrap(net, state, log):
     return model
 
 
-def run_exact(rank, n, out, dtype_name, start_iter, steps=3):
+def block_scale_config(n, block):
+    """The configuration of a test: "0" the default (None), "one" the default's with one norm
+    per partition, else a scale per rotation block of that size."""
+    if block == "0":
+        return None
+    if block == "one":
+        return dataclasses.replace(default_config(n), block_scale=False)
+    return dataclasses.replace(default_config(n), block_scale=True, rotation_block=int(block))
+
+
+def run_exact(rank, n, out, dtype_name, start_iter, block="0", steps=3):
     start_iter = int(start_iter)
     dtype = getattr(torch, dtype_name)
-    state = ThcHookState(min_compress_bytes=1024, start_iter=start_iter)
+    cfg = block_scale_config(n, block)
+    state = ThcHookState(config=cfg, min_compress_bytes=1024, start_iter=start_iter)
     state.trace = []
     net, log = Net(dtype), []
     model = wrap(net, state, log)
@@ -81,7 +93,7 @@ def run_exact(rank, n, out, dtype_name, start_iter, steps=3):
     # a fresh state loaded from torch.save/torch.load on a new wrapper of a copy of the model
     path = os.path.join(out, f"state{rank}.pt")
     torch.save(state.state_dict(), path)
-    fresh = ThcHookState(min_compress_bytes=1024, start_iter=start_iter)
+    fresh = ThcHookState(config=cfg, min_compress_bytes=1024, start_iter=start_iter)
     fresh.load_state_dict(torch.load(path, weights_only=True))
     net2 = Net(dtype)
     net2.load_state_dict(net.state_dict())
@@ -92,7 +104,8 @@ def run_exact(rank, n, out, dtype_name, start_iter, steps=3):
         g = inputs(rank, s, SHAPES, dtype)
         cont_a.append(step(model_a, g))
         cont_b.append(step(model_b, g))
-    torch.save({"grads": grads, "layouts": log, "layouts_a": log_a, "trace": state.trace,
+    trace = [(k, np.asarray(m).tolist()) for k, m in state.trace]  # block_scale: M_k lists
+    torch.save({"grads": grads, "layouts": log, "layouts_a": log_a, "trace": trace,
                 "cont_a": cont_a, "cont_b": cont_b, "stats": dict(state.stats),
                 "config": dataclasses.asdict(state.config)},
                os.path.join(out, f"rank{rank}.pt"))

@@ -14,6 +14,7 @@ import torch.distributed as dist
 
 from byteps_thc import ThcConfig
 from byteps_thc.fsdp import ThcReduceScatter
+from tests.cluster.scripts.ddp_worker import block_scale_config
 
 SIZE = 20000       # values per shard: blocks of 2^12 pad it to 20480 (<= 5%)
 KEY = 3
@@ -37,21 +38,23 @@ def call(comm, x, op):
     return out
 
 
-def run_exact(rank, n, out, dtype_name, ef):
+def run_exact(rank, n, out, dtype_name, ef, block="0"):
     dtype = getattr(torch, dtype_name)
-    comm = ThcReduceScatter(error_feedback=ef, key=KEY)
+    cfg = block_scale_config(n, block)
+    comm = ThcReduceScatter(cfg, error_feedback=ef, key=KEY)
     comm.trace = []
     ops = [dist.ReduceOp.AVG, dist.ReduceOp.SUM, dist.ReduceOp.AVG, dist.ReduceOp.AVG]
     got = [call(comm, inputs(rank, s, n, dtype), ops[s]) for s in range(4)]
     path = os.path.join(out, f"state{rank}.pt")
     torch.save(comm.state_dict(), path)
-    fresh = ThcReduceScatter(error_feedback=ef, key=KEY)
+    fresh = ThcReduceScatter(cfg, error_feedback=ef, key=KEY)
     fresh.load_state_dict(torch.load(path, weights_only=True))
     cont_a, cont_b = [], []
     for s in range(4, 6):
         cont_a.append(call(comm, inputs(rank, s, n, dtype), dist.ReduceOp.AVG))
         cont_b.append(call(fresh, inputs(rank, s, n, dtype), dist.ReduceOp.AVG))
-    torch.save({"got": got, "cont_a": cont_a, "cont_b": cont_b, "trace": comm.trace,
+    trace = [None if t is None else [np.asarray(m).tolist() for m in t] for t in comm.trace]
+    torch.save({"got": got, "cont_a": cont_a, "cont_b": cont_b, "trace": trace,
                 "stats": dict(comm.stats), "residual_bytes": comm.residual_bytes(),
                 "config": comm.config}, os.path.join(out, f"rank{rank}.pt"))
 

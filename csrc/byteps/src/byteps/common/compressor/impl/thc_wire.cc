@@ -140,6 +140,13 @@ std::string ParseThcKwargs(const Kwargs& kwargs, ThcSettings* out) {
   if ((v = FindKwarg(kwargs, "thc_tiling")) && std::string(v) != kTiling)
     return std::string("thc_tiling=") + v + ": this build tiles partitions as " + kTiling +
            "; every worker and the server must run the same byteps-thc";
+  // A scale per rotation block (ThcConfig.block_scale) is the DDP hook's and FSDP's: this
+  // compressor's max round carries one norm per partition, so it refuses the setting rather
+  // than quantise otherwise than the declaring worker asked.
+  if ((v = FindKwarg(kwargs, "thc_block_scale")) && std::string(v) != "0")
+    return std::string("thc_block_scale=") + v +
+           ": BytePS's thc compressor keeps one norm per partition; a scale per rotation block "
+           "is for the DDP hook and FSDP (byteps_thc.ddp, byteps_thc.fsdp)";
   if ((v = FindKwarg(kwargs, "thc_sums")) && std::string(v) != kSums)
     return std::string("thc_sums=") + v + ": this build publishes the sums as " + kSums +
            "; every worker and the server must run the same byteps-thc";

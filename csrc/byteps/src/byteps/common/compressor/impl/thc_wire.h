@@ -49,7 +49,7 @@ bool ParseDouble(const char* text, double* out);
 
 // Parses compressor_type=thc, thc_bits, thc_granularity, thc_overflow_prob and/or thc_clip,
 // thc_seed, thc_rotation_block, thc_tiling and thc_sums (when sent, they must be kTiling and
-// kSums), thc_table (comma-separated, as solved by
+// kSums; thc_block_scale, when sent, must be 0: one norm per partition), thc_table (comma-separated, as solved by
 // byteps_thc.tables.solve_table), thc_error_feedback (1/0), thc_nonfinite (propagate, the
 // default, or error), thc_codec_threads (1..thc::kMaxThreads) and the generic ef_type, then
 // thc::Validate()s the result. Returns "" on success, else a message naming the bad kwarg.
