@@ -30,8 +30,10 @@ $(VENV): requirements.txt scripts/venv.sh
 	@scripts/venv.sh
 
 ext: $(EXT)
+# --force: setuptools recompiles a source only when it is newer than its object, not when a header
+# it includes changed, and objects built against another layout of a struct corrupt memory.
 $(EXT): $(VENV) setup.py csrc/build_facts.py $(shell find csrc/thc csrc/lhc csrc/common csrc/python -type f 2>/dev/null)
-	$(PY) setup.py -q build_ext --inplace
+	$(PY) setup.py -q build_ext --inplace --force
 	@touch $@
 
 # Lint: ruff (pyproject.toml) on the Python; clang-format (.clang-format) on all our C++. Both are

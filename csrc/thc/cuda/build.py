@@ -118,7 +118,11 @@ def cuda_objects(nvcc, build_temp: Path, root: Path):
     includes = [f"-I{root / 'csrc'}"]
     cu_flags = FLAGS + gencode_flags(archs) + includes
     binding = root / "csrc" / "python" / "binding_cuda.cc"
-    cc_flags = FLAGS + includes + _binding_includes()
+    # The binding shares pybind11's inline classes with the C++ files setuptools compiles with
+    # Python's CFLAGS, which define NDEBUG; without it pybind11's arg_v (a default argument) has
+    # another layout in this object, and the linker keeps one destructor for both: an invalid
+    # free at import.
+    cc_flags = FLAGS + includes + _binding_includes() + ["-DNDEBUG"]
 
     sources = sorted(HERE.glob("*.cu"))
     jobs = [(src, out_dir / (src.stem + ".o"), [nvcc] + cu_flags) for src in sources]
