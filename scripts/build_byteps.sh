@@ -2,6 +2,8 @@
 # Build and install the BytePS fork of byteps-thc into .venv/:
 #   the pinned byteps==0.2.5.post15 sdist (downloaded with pip, sha256-checked)
 #   + our patch series csrc/byteps/patches/*.patch (applied in name order)
+#   + our patches of the ZeroMQ 4.1.4 that the sdist bundles, csrc/byteps/patches/zeromq/*.patch
+#     (copied to zeromq-patches/; patch 0025 applies them after unpacking the tarball)
 #   + our sources: every file under csrc/byteps/src/ (same relative path in the tree)
 #     and the codec cores csrc/thc/*.{h,cc} and csrc/lhc/*.{h,cc} (into thc/ and lhc/), with
 #     the headers they share, csrc/common/*.h (into common/), and how to compile them,
@@ -23,6 +25,8 @@
 #          (message: the patch's file name, a blank line, then its subject and body)
 #        scripts/build_byteps.sh --export DIR      # rewrite the patch series from that tree
 #          (every header: subject = what, <= 72 chars; body = why; no dates, one author)
+#        scripts/build_byteps.sh --zeromq --devtree DIR | --zeromq --export DIR
+#          (the same for ZeroMQ 4.1.4 from the sdist's tarball and csrc/byteps/patches/zeromq/)
 # Environment:
 #   BYTEPS_THC_CPU_ONLY=1|0  force the CPU-only worker (1) or the CUDA/NCCL worker (0). Unset: CUDA
 #                            only when torch is built with CUDA *and* sees a GPU (driver + device);
@@ -52,6 +56,7 @@ NCCL_VERSION="2.28.9"
 NCCL_WHEEL="nvidia_nccl_cu13-$NCCL_VERSION-py3-none-manylinux_2_18_x86_64.whl"
 NCCL_WHEEL_SHA256="e4553a30f34195f3fa1da02a6da3d6337d28f2003943aa0a3d247bbc25fefc42"
 PATCHES="$ROOT/csrc/byteps/patches"
+ZMQ_PATCHES="$PATCHES/zeromq"  # against zeromq-4.1.4/ of the sdist's tarball (-p1)
 SRC="$ROOT/csrc/byteps/src"
 CORE="$ROOT/csrc/thc"
 LHC_CORE="$ROOT/csrc/lhc"
@@ -63,7 +68,7 @@ export BYTEPS_BUILD_JOBS="${BYTEPS_BUILD_JOBS:-2}"
 log() { echo "[build_byteps] $*" >&2; }
 die() { echo "[build_byteps] error: $*" >&2; exit 1; }
 
-server_only=0; target=""; force=0; devtree=""; export_dir=""; without=""; wheel_dir=""
+server_only=0; target=""; force=0; devtree=""; export_dir=""; without=""; wheel_dir=""; zeromq=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --server-only) server_only=1 ;;
@@ -73,7 +78,8 @@ while [ $# -gt 0 ]; do
     --without) without="${without:+$without,}$2"; shift ;;
     --devtree) devtree="$2"; shift ;;
     --export) export_dir="$2"; shift ;;
-    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
+    --zeromq) zeromq=1 ;;
+    -h|--help) sed -n '2,34p' "$0"; exit 0 ;;
     *) die "unknown argument $1" ;;
   esac
   shift
@@ -143,6 +149,9 @@ patch_list() {
   find "$PATCHES" -maxdepth 1 -name '[0-9][0-9][0-9][0-9]-*.patch' | sort |
     { if [ -n "$without" ]; then grep -v -E "/(${without//,/|})-[^/]*\.patch\$"; else cat; fi; }
 }
+zmq_patch_list() {
+  find "$ZMQ_PATCHES" -maxdepth 1 -name '[0-9][0-9][0-9][0-9]-*.patch' 2> /dev/null | sort
+}
 if [ -n "$without" ]; then
   [[ "$without" =~ ^[0-9]{4}(,[0-9]{4})*$ ]] || die "--without takes patch numbers: NNNN[,NNNN]"
   [ -n "$target$devtree" ] || die "--without needs --target DIR (a variant never goes into .venv)"
@@ -152,15 +161,26 @@ if [ -n "$without" ]; then
 fi
 
 # ---- patch maintenance: --devtree / --export ---------------------------------------------------
+# --zeromq: ZeroMQ's series (csrc/byteps/patches/zeromq/) against the tarball the sdist bundles
+[ -z "$devtree$export_dir" ] || [ "$zeromq" = 0 ] || [ -z "$without" ] ||
+  die "--without names patches of BytePS's series, not ZeroMQ's"
+series_dir="$PATCHES"; [ "$zeromq" = 0 ] || series_dir="$ZMQ_PATCHES"
 if [ -n "$devtree" ]; then
   sdist="$(fetch_sdist)"
   [ ! -e "$devtree" ] || die "$devtree exists"
   mkdir -p "$devtree"
-  tar --no-same-owner -xzf "$sdist" -C "$devtree" --strip-components=1
+  if [ "$zeromq" = 1 ]; then
+    tar --no-same-owner -xzOf "$sdist" "byteps-$SDIST_VERSION/zeromq-4.1.4.tar.gz" |
+      tar --no-same-owner -xz -C "$devtree" --strip-components=1
+    pristine="zeromq 4.1.4 of the byteps $SDIST_VERSION sdist (pristine)"
+  else
+    tar --no-same-owner -xzf "$sdist" -C "$devtree" --strip-components=1
+    pristine="byteps $SDIST_VERSION sdist (pristine)"
+  fi
   cd "$devtree"
   git init -q && git add -A && git -c user.name=byteps-thc -c user.email=byteps-thc@localhost \
-    commit -qm "byteps $SDIST_VERSION sdist (pristine)" && git tag pristine
-  for p in $(patch_list); do
+    commit -qm "$pristine" && git tag pristine
+  for p in $( if [ "$zeromq" = 1 ]; then zmq_patch_list; else patch_list; fi ); do
     git apply --whitespace=nowarn "$p" || die "$(basename "$p") does not apply"
     git add -A
     # The commit message: the file name, then the patch's subject (what) and body (why).
@@ -195,7 +215,8 @@ if [ -n "$export_dir" ]; then
     tmp="$(mktemp)"
     git format-patch -1 "$pc" -U1 --no-signature --zero-commit --no-stat --stdout |
       sed '/^Date: /d' > "$tmp"
-    if cmp -s "$tmp" "$PATCHES/$name"; then rm -f "$tmp"; else mv "$tmp" "$PATCHES/$name"; log "wrote csrc/byteps/patches/$name"; fi
+    mkdir -p "$series_dir"
+    if cmp -s "$tmp" "$series_dir/$name"; then rm -f "$tmp"; else mv "$tmp" "$series_dir/$name"; log "wrote ${series_dir#"$ROOT/"}/$name"; fi
   done
   exit 0
 fi
@@ -251,6 +272,7 @@ for d in ("tensorflow", "tensorflow-cpu", "keras", "mxnet"):
     except m.PackageNotFoundError: pass'
   sha256sum "$0"
   for p in $(patch_list); do sha256sum "$p"; done
+  for p in $(zmq_patch_list); do sha256sum "$p"; done
   (cd "$SRC" 2>/dev/null && find . -type f ! -name '*.pyc' ! -path '*/__pycache__/*' | sort | xargs -r sha256sum)
   (cd "$CORE" && find . -maxdepth 1 -type f \( -name '*.h' -o -name '*.cc' \) | sort | xargs -r sha256sum)
   (cd "$LHC_CORE" && find . -maxdepth 1 -type f \( -name '*.h' -o -name '*.cc' \) | sort | xargs -r sha256sum)
@@ -359,9 +381,17 @@ for core in "$CORE" "$LHC_CORE" "$CODEC_COMMON"; do  # csrc/{thc,lhc,common} -> 
 done
 cp "$BUILD_FACTS" build_facts.py && echo build_facts.py >> thc_added_files.txt
 log "added $(wc -l < thc_added_files.txt) files of ours"
-# ZeroMQ (with libsodium) does not change with our patches: reuse the one built before (~30 s).
-if [ -d "$CACHE/zmq-deps-sodium/include" ]; then
-  mkdir -p 3rdparty/ps-lite/deps && cp -a "$CACHE/zmq-deps-sodium/." 3rdparty/ps-lite/deps/
+mkdir -p zeromq-patches
+for p in $(zmq_patch_list); do cp "$p" zeromq-patches/; done
+# ZeroMQ (with libsodium) changes only with our patches of it: reuse the one built before with
+# the same ones (~30 s; the name holds their hash, so a changed patch builds it anew).
+zmq_cache="$CACHE/zmq-deps-sodium"
+if [ -n "$(zmq_patch_list)" ]; then
+  zmq_cache="$zmq_cache-$(for p in $(zmq_patch_list); do sha256sum < "$p"; done | sha256sum | cut -c1-16)"
+fi
+if [ -d "$zmq_cache/include" ]; then
+  mkdir -p 3rdparty/ps-lite/deps && cp -a "$zmq_cache/." 3rdparty/ps-lite/deps/
+  log "ZeroMQ from $zmq_cache"
 fi
 
 # ---- build and install -----------------------------------------------------------------------
@@ -394,9 +424,9 @@ if [ $rc -ne 0 ]; then
   grep -E -B2 -A8 'error' build.log | tail -n 60 >&2
   die "build failed (exit $rc); full log: $work/build.log"
 fi
-if [ ! -d "$CACHE/zmq-deps-sodium/include" ] && [ -d 3rdparty/ps-lite/deps/include ]; then
-  rm -rf "$CACHE/zmq-deps-sodium.tmp" && cp -a 3rdparty/ps-lite/deps "$CACHE/zmq-deps-sodium.tmp" &&
-    mv "$CACHE/zmq-deps-sodium.tmp" "$CACHE/zmq-deps-sodium"
+if [ ! -d "$zmq_cache/include" ] && [ -d 3rdparty/ps-lite/deps/include ]; then
+  rm -rf "$zmq_cache.tmp" && cp -a 3rdparty/ps-lite/deps "$zmq_cache.tmp" &&
+    mv "$zmq_cache.tmp" "$zmq_cache"
 fi
 # keep the newest tree only (for reading its build.log), drop the others
 find "$builds" -mindepth 1 -maxdepth 1 ! -name "$key" -exec rm -rf {} +

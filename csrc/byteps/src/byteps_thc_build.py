@@ -17,7 +17,9 @@ codec's build description csrc/build_facts.py beside this file, and writes thc_a
                      and worker, byteps/server/** into server, byteps/torch/** into torch.
 - setup_compiler(c): per-file flags (see file_flags), BYTEPS_BUILD_JOBS parallel compiles, and
                      LINKED on every link.
-- pslite_make_option(): ZeroMQ from the tarball the sdist bundles (no download), bounded -j.
+- pslite_make_option(): ZeroMQ from the tarball the sdist bundles (no download) with our patches
+                     of it (zeromq-patches/*.patch, which the build script copies from
+                     csrc/byteps/patches/zeromq/; patch 0025 applies them), bounded -j.
 """
 import importlib.util
 import os
@@ -205,4 +207,8 @@ def setup_compiler(compiler):
 
 def pslite_make_option():
     zmq = os.path.join(HERE, "zeromq-4.1.4.tar.gz")
-    return 'WGET="cp %s ." ZMQ_URL= -j%d ' % (zmq, jobs())
+    patches = os.path.join(HERE, "zeromq-patches")
+    names = sorted(n for n in os.listdir(patches) if n.endswith(".patch")) \
+        if os.path.isdir(patches) else []
+    return 'WGET="cp %s ." ZMQ_URL= ZMQ_PATCHES="%s" -j%d ' % (
+        zmq, " ".join(os.path.join(patches, n) for n in names), jobs())

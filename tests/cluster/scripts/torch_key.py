@@ -9,7 +9,8 @@ each step, then prints its parameters' digest. Run inside the cluster's own netw
   listening port of the namespace (they are all the cluster's): raw bytes to each, and nodes
   without the key, or with another key, that try to join as a worker and as a server (with a
   startup timeout of 120 s, which such a node must not need). Each attempt prints one ATTACK line
-  with its exit status, its seconds and the last lines of its output.
+  with its exit status, its seconds and the last lines of its output, and the attack ends with
+  one giving its seconds in all (the nodes' refusal lines are rate-limited per minute).
 """
 import argparse
 import hashlib
@@ -103,6 +104,7 @@ def intruder(role, key):
 
 
 def attack():
+    t0 = time.monotonic()
     for port in listening_ports():
         raw_bytes(port)
         print(f"ATTACK raw port={port} sent", flush=True)
@@ -113,6 +115,7 @@ def attack():
         for name, key in (("nokey", None), ("otherkey", other)):
             rc, seconds, tail = intruder(role, key)
             print(f"ATTACK {role} {name} rc={rc} s={seconds:.1f} :: {tail}", flush=True)
+    print(f"ATTACK done s={time.monotonic() - t0:.1f}", flush=True)
 
 
 bps.init()

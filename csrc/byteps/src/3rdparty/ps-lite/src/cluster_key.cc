@@ -15,8 +15,12 @@
 #include <iostream>
 #include <map>
 #include <memory>
+#include <mutex>
+#include <set>
+#include <sstream>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "ps/internal/env.h"
@@ -29,6 +33,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 constexpr int kKeyBytes = 32;  // crypto_box_PUBLICKEYBYTES == crypto_box_SECRETKEYBYTES
 constexpr auto kRefusalLogEvery = std::chrono::seconds(60);
+constexpr size_t kRefusalsTracked = 4096;  // (address, kind of cause) pairs with lines
 constexpr const char* kZapEndpoint = "inproc://zeromq.zap.01";  // ZeroMQ's fixed ZAP address
 
 struct State {
@@ -40,8 +45,7 @@ struct State {
   void* zap = nullptr;  // REP, owned by the handler's thread once it runs
   std::atomic<bool> stop{false};
   std::unique_ptr<std::thread> thread;
-  std::map<std::string, Clock::time_point> logged;  // the handler's: host -> last refusal line
-  std::map<std::string, int> suppressed;
+  std::string role;                    // DMLC_ROLE, for the refusal lines
   std::unique_ptr<std::thread> probe;  // a worker's or server's handshake check (Probe)
   std::atomic<bool> probe_stop{false};
 };
@@ -103,22 +107,150 @@ void LoadKey() {
   if (crypto_scalarmult_base(g.pub, g.secret) != 0) BadKeyFile("not a usable Curve25519 key");
 }
 
-// The handler refused a client from `host`: logged once per host a minute, with how many were not.
-void LogRefused(const std::string& host) {
-  State& g = G();
-  const auto now = Clock::now();
-  auto it = g.logged.find(host);
-  if (it != g.logged.end() && now - it->second < kRefusalLogEvery) {
-    ++g.suppressed[host];
-    return;
+// The connections this node refused in the handshake, as ZeroMQ reports them (our patch of it,
+// zmq_thc_set_refusal_hook): on its I/O threads, several at once, while ps-lite runs and while it
+// stops. Each (address, kind of cause) gets a line at most once every kRefusalLogEvery, with the
+// count of those it did not log; all are counted for the summary of Stop. Never destroyed, as
+// State.
+struct Refusals {
+  struct Seen {
+    Clock::time_point logged;
+    uint64_t unlogged = 0;
+  };
+  std::mutex mu;
+  std::map<std::pair<std::string, std::string>, Seen> seen;  // at most kRefusalsTracked
+  std::map<int, uint64_t> by_cause;
+  std::set<std::string> addresses;  // at most kRefusalsTracked
+  uint64_t total = 0;
+  std::string where;  // "the scheduler at 10.0.0.1:9000", from the last report
+};
+
+Refusals& R() {
+  static Refusals* r = new Refusals;
+  return *r;
+}
+
+// A cause of ZeroMQ's (ZMQ_THC_REFUSED_* of zmq.h) as a refusal line names it: its kind, then
+// what the node saw.
+const char* RefusalCause(int cause) {
+  switch (cause) {
+    case ZMQ_THC_REFUSED_NOT_ZMTP:
+      return "not a ZeroMQ peer (its first bytes are no ZMTP 3.0 greeting)";
+    case ZMQ_THC_REFUSED_NULL: return "no cluster key (a ZeroMQ peer without CURVE security)";
+    case ZMQ_THC_REFUSED_MECHANISM:
+      return "no cluster key (a ZeroMQ peer with another security mechanism than CURVE)";
+    case ZMQ_THC_REFUSED_LEFT:  // a CURVE peer, with any key, goes on to its HELLO there
+      return "no cluster key (a ZeroMQ peer that closed the connection on reading CURVE in this "
+             "node's greeting)";
+    case ZMQ_THC_REFUSED_HANDSHAKE:
+      return "another key (its CURVE handshake does not open with the cluster key)";
+    case ZMQ_THC_REFUSED_DENIED:
+      return "another key (its long-term CURVE key is not the cluster key)";
+    default: return "its handshake failed";
   }
-  const int more = g.suppressed[host];
-  g.suppressed[host] = 0;
-  g.logged[host] = now;
-  LOG(WARNING) << "ps-lite: refused a connection from " << host
-               << ": its CURVE key is not the cluster key"
-               << (more ? "; " + std::to_string(more) + " more from there since then"
-                        : std::string());
+}
+
+// The short form of a cause, what the operator fixes: the lines' rate limit and the summary
+// count by it.
+const char* RefusalKind(int cause) {
+  switch (cause) {
+    case ZMQ_THC_REFUSED_NOT_ZMTP: return "not a ZeroMQ peer";
+    case ZMQ_THC_REFUSED_NULL:
+    case ZMQ_THC_REFUSED_MECHANISM:
+    case ZMQ_THC_REFUSED_LEFT: return "no cluster key";
+    case ZMQ_THC_REFUSED_HANDSHAKE:
+    case ZMQ_THC_REFUSED_DENIED: return "another key";
+    default: return "a failed handshake";
+  }
+}
+
+std::string Endpoint(const char* endpoint) {
+  std::string e = endpoint ? endpoint : "";
+  return e.compare(0, 6, "tcp://") == 0 ? e.substr(6) : e;
+}
+
+std::string PeerAddress(const char* peer) {
+  const std::string a = peer ? peer : "";
+  if (a.empty()) return "an unknown address";
+  return a[0] == ':' ? "a local process (uid:gid:pid " + a.substr(1) + ")" : a;
+}
+
+std::string Plural(uint64_t n, const char* what) {
+  return std::to_string(n) + " " + what + (n == 1 ? "" : "s");
+}
+
+// ZeroMQ's refusal hook: one line per (address, kind) a minute at most. It must not throw
+// into ZeroMQ, and never aborts: a failure to log is dropped.
+void OnRefused(const char* endpoint, const char* peer, int cause) {
+  try {
+    Refusals& r = R();
+    const std::string address = PeerAddress(peer);
+    const auto now = Clock::now();
+    std::ostringstream line;
+    {
+      std::lock_guard<std::mutex> lock(r.mu);
+      r.where = "the " + (G().role.empty() ? std::string("node") : G().role) + " at " +
+                Endpoint(endpoint);
+      ++r.total;
+      ++r.by_cause[cause];
+      if (r.addresses.size() < kRefusalsTracked) r.addresses.insert(address);
+      const auto key = std::make_pair(address, std::string(RefusalKind(cause)));
+      auto it = r.seen.find(key);
+      if (it == r.seen.end()) {
+        if (r.seen.size() >= kRefusalsTracked) return;  // counted for the summary only
+        it = r.seen.emplace(key, Refusals::Seen()).first;
+      } else if (now - it->second.logged < kRefusalLogEvery) {
+        ++it->second.unlogged;
+        return;
+      }
+      line << "ps-lite: " << r.where << " refused a connection from " << address << ": "
+           << RefusalCause(cause);
+      if (it->second.unlogged) {
+        line << "; " << it->second.unlogged << " more like it from there since the last such line";
+      }
+      line << "; " << r.total << " refused so far (one line per address and cause a minute"
+           << (r.seen.size() >= kRefusalsTracked ? "; no more addresses get a line" : "") << ")";
+      it->second.logged = now;
+      it->second.unlogged = 0;
+    }
+    LOG(WARNING) << line.str();
+  } catch (...) {
+  }
+}
+
+// How many connections this node refused while it ran, by kind: once, as it stops.
+void LogRefusalSummary() {
+  Refusals& r = R();
+  std::ostringstream line;
+  {
+    std::lock_guard<std::mutex> lock(r.mu);
+    if (!r.total) return;
+    std::map<std::string, uint64_t> kinds;
+    for (const auto& c : r.by_cause) kinds[RefusalKind(c.first)] += c.second;
+    line << "ps-lite: " << r.where << " refused " << Plural(r.total, "connection")
+         << " in the handshake while it ran:";
+    const char* sep = " ";
+    for (const auto& k : kinds) {
+      line << sep << k.second << " " << k.first;
+      sep = ", ";
+    }
+    line << "; from " << Plural(r.addresses.size(), "address")
+         << (r.addresses.size() >= kRefusalsTracked ? " or more" : "") << " (";
+    int shown = 0;
+    for (const auto& a : r.addresses) {
+      if (shown == 8) {
+        line << ", ...";
+        break;
+      }
+      line << (shown++ ? ", " : "") << a;
+    }
+    line << ")";
+    r.seen.clear();
+    r.by_cause.clear();
+    r.addresses.clear();
+    r.total = 0;
+  }
+  LOG(WARNING) << line.str();
 }
 
 // One ZAP request (ZeroMQ RFC 27): admit CURVE clients that hold the cluster's key pair.
@@ -138,10 +270,10 @@ void AnswerZap(void* zap) {
     if (!more) break;
   }
   // version, request id, domain, address, identity, mechanism, credentials...
+  // A refused client is logged by OnRefused, as ZeroMQ drops its connection.
   const bool admit = frames.size() >= 7 && frames[5] == "CURVE" &&
                      frames[6].size() == static_cast<size_t>(kKeyBytes) &&
                      sodium_memcmp(frames[6].data(), G().pub, kKeyBytes) == 0;
-  if (!admit) LogRefused(frames.size() > 3 ? frames[3] : std::string("?"));  // the peer's IP
   const std::string id = frames.size() > 1 ? frames[1] : std::string();
   const std::string reply[6] = {
       "1.0", id, admit ? "200" : "400", admit ? "OK" : "not the cluster key", "", ""};
@@ -274,7 +406,9 @@ void Start(void* context) {
   State& g = G();
   if (g.context) return;
   g.context = context;
-  const char* path = Environment::Get()->find("BYTEPS_THC_CLUSTER_KEY");
+  Environment* env = Environment::Get();
+  const char* role = env->find("DMLC_ROLE");
+  const char* path = env->find("BYTEPS_THC_CLUSTER_KEY");
   if (path && *path) {
     g.path = path;
     LoadKey();  // first: a bad key file is the user's to fix whatever the build
@@ -282,14 +416,16 @@ void Start(void* context) {
       BadKeyFile("this build's ZeroMQ has no CURVE security (it needs libsodium)");
     }
     g.enabled = true;
+    g.role = role ? role : "";
+    // Before the van's sockets exist (the hook's contract, zmq.h). Only a keyed node has CURVE
+    // servers; an unkeyed one has no hook, and ZeroMQ drops a peer there as it always did.
+    zmq_thc_set_refusal_hook(OnRefused);
     g.zap = zmq_socket(context, ZMQ_REP);
     if (!g.zap || zmq_bind(g.zap, kZapEndpoint) != 0) {
       BadKeyFile(std::string("cannot start the ZAP handler: ") + zmq_strerror(zmq_errno()));
     }
     g.thread.reset(new std::thread(Answer));
   }
-  Environment* env = Environment::Get();
-  const char* role = env->find("DMLC_ROLE");
   const char* uri = env->find("DMLC_PS_ROOT_URI");
   const char* port = env->find("DMLC_PS_ROOT_PORT");
   const char* local = env->find("DMLC_LOCAL");  // the van's ipc:// addresses
@@ -319,6 +455,7 @@ void Sender(void* socket) {
 void Stop() {
   State& g = G();
   if (!g.context) return;
+  LogRefusalSummary();
   g.probe_stop = true;
   if (g.probe) g.probe->join();
   g.probe.reset();

@@ -17,10 +17,13 @@
 // or not, checks the scheduler's handshake once, beside ps-lite's start, with a socket of its own
 // (cluster_key.cc, Probe): connections that the scheduler closes at once, three in a row, end the
 // node with a message that names the key (another one, or none where the scheduler has one). The
-// startup timeout's message still names a key as a cause, for what the check misses. The ZAP
-// handler logs the clients it refuses (a CURVE client that knows the cluster's public key but not
-// its secret), once per host a minute; other refusals end in the handshake, before any ZAP
-// request.
+// startup timeout's message still names a key as a cause, for what the check misses.
+//
+// A keyed node logs the connections it refuses in the handshake, as ZeroMQ drops them (our patch
+// of ZeroMQ, csrc/byteps/patches/zeromq/, calls the hook that Start sets): its role and address,
+// the peer's address and the cause (not a ZeroMQ peer, no cluster key, another key), one line
+// per peer address and cause a minute at most, with how many it did not log; Stop logs how many
+// it refused in all. A peer that sent no byte (a port check) is not logged.
 //
 // The key file holds one line of 64 hex digits (the 32-byte secret key) and '#' comments; it
 // must be a regular file that only its owner can read or write (mode 0600 or stricter), as ssh
@@ -45,8 +48,9 @@ void Receiver(void* socket);
 // `socket` (a DEALER, before its connect and before any other thread uses it) becomes a CURVE
 // client when a key is in force.
 void Sender(void* socket);
-// Stops the handshake check and the ZAP handler and closes its socket: after the van closed its own sockets, before
-// zmq_ctx_destroy (which waits for every socket of the context).
+// Logs the summary of the refused connections (if any), stops the handshake check and the ZAP
+// handler and closes its socket: after the van closed its own sockets, before zmq_ctx_destroy
+// (which waits for every socket of the context).
 void Stop();
 
 }  // namespace cluster_key
