@@ -165,8 +165,7 @@ MaxNorms CheckMaxNorms(const thc::Config& cfg, const py::handle& obj, size_t blo
   for (size_t i = 0; i < blocks; ++i) {
     if (!std::isfinite(v[i]) || v[i] < 0) {
       std::ostringstream e;
-      e << "block_scale: the max norm of block " << i << " must be finite and >= 0, got "
-        << v[i];
+      e << "block_scale: the max norm of block " << i << " must be finite and >= 0, got " << v[i];
       Fail(e.str());
     }
   }
@@ -393,8 +392,8 @@ py::array_t<float> DecodePublishedPy(const thc::Config& cfg, size_t d, const py:
   {
     py::gil_scoped_release nogil;
     st = cfg.block_scale
-             ? thc::DecodePackedBlocks(cfg, d, a.data(), (size_t)a.size(), w, num_workers,
-                                       m.data(), m.count(), out.mutable_data(), total, threads)
+             ? thc::DecodePackedBlocks(cfg, d, a.data(), (size_t)a.size(), w, num_workers, m.data(),
+                                       m.count(), out.mutable_data(), total, threads)
              : thc::DecodePacked(cfg, d, a.data(), (size_t)a.size(), w, num_workers, m.scalar,
                                  out.mutable_data(), total, threads);
   }

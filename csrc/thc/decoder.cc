@@ -133,8 +133,8 @@ Status DecodePacked(const Config& cfg, size_t d, const uint8_t* packed, size_t b
 }
 
 Status DecodePackedBlocks(const Config& cfg, size_t d, const uint8_t* packed, size_t bytes,
-                          int sum_bits, uint32_t num_workers, const double* max_norms,
-                          size_t count, float* out, bool total, int threads) {
+                          int sum_bits, uint32_t num_workers, const double* max_norms, size_t count,
+                          float* out, bool total, int threads) {
   const int lane_bits = LaneBits(cfg, num_workers);
   if (num_workers == 0 || lane_bits == 0 || sum_bits != SumBits(cfg, num_workers))
     return Status::kBadArgument;

@@ -307,8 +307,9 @@ Status Encoder::Impl::Quantise(const float* grad, bool prep, uint8_t* payload, Q
       std::memset(out, 0, end - j0 * bits / 8);
       task_value[i] = HUGE_VAL;  // y: finite, but unbounded here (the next encode checks)
       double s = 0;
-      if (!ef) return nvalid == 0 || k.sum_squares(grad + j0, nvalid, &s) ? detail::kChunkOk
-                                                                          : detail::kChunkNonFinite;
+      if (!ef)
+        return nvalid == 0 || k.sum_squares(grad + j0, nvalid, &s) ? detail::kChunkOk
+                                                                   : detail::kChunkNonFinite;
       if (prep) return detail::kChunkOk;  // y of this block is in scratch already
       return k.rotate_chunk(nvalid ? grad + j0 : nullptr, res.data() + j0, nvalid, n, j0,
                             runs[c.run].block, sign_key, scratch.data() + j0, &s, inner);
@@ -400,14 +401,14 @@ Status Encoder::EncodeBlocks(const float* grad, const double* max_norms, size_t 
     if (max_norms[i] < 0) return Status::kBadArgument;
   // block_scale: one chunk per block (the constructor), each a partition of its own: d_pad = B
   const uint32_t key = RoundKey(m.cfg.seed, m.rank, m.step);
-  return m.Quantise(grad, prepared, payload,
-                    [&](size_t i, detail::QuantParams* local,
-                        float* efr) -> const detail::QuantParams* {
-                      if (max_norms[i] == 0) return nullptr;
-                      const double sb = std::sqrt((double)m.runs[m.tasks[i].run].block);
-                      m.Quant(max_norms[i], sb, sb, key, local, efr);
-                      return local;
-                    });
+  return m.Quantise(
+      grad, prepared, payload,
+      [&](size_t i, detail::QuantParams* local, float* efr) -> const detail::QuantParams* {
+        if (max_norms[i] == 0) return nullptr;
+        const double sb = std::sqrt((double)m.runs[m.tasks[i].run].block);
+        m.Quant(max_norms[i], sb, sb, key, local, efr);
+        return local;
+      });
 }
 
 Status Encoder::BlockNorms(const float* grad, double* norms) {

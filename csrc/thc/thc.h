@@ -183,8 +183,8 @@ Status DecodeBlocks(const Config& cfg, size_t d, const void* sums, int lane_bits
                     uint32_t num_workers, const double* max_norms, size_t count, float* out,
                     int threads = 1);
 Status DecodePackedBlocks(const Config& cfg, size_t d, const uint8_t* packed, size_t bytes,
-                          int sum_bits, uint32_t num_workers, const double* max_norms,
-                          size_t count, float* out, bool total = false, int threads = 1);
+                          int sum_bits, uint32_t num_workers, const double* max_norms, size_t count,
+                          float* out, bool total = false, int threads = 1);
 
 // The instruction set chosen at run time: "avx512", "avx2" or "portable" (the best this CPU has).
 const char* ActiveIsa();
