@@ -11,23 +11,7 @@ from byteps_thc import ThcCodec, ThcConfig
 from byteps_thc.thc import reference as R
 
 _C = pytest.importorskip("byteps_thc._C")
-
-
-def _isas():
-    orig = _C.active_isa()
-    have = [i for i in ("portable", "avx2", "avx512") if _C.force_isa(i)]
-    _C.force_isa(orig)
-    return have
-
-
-ISAS = _isas()
-
-
-@pytest.fixture(autouse=True)
-def _restore_isa():
-    orig = _C.active_isa()
-    yield
-    _C.force_isa(orig)
+from test_kernels import ISAS, restore_isa  # noqa: E402,F401 (the ISAs; restore_isa is autouse)
 
 
 def bits_of(a):

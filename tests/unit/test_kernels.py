@@ -33,7 +33,7 @@ ISAS = _available()
 
 
 @pytest.fixture(autouse=True)
-def _restore_isa():
+def restore_isa():
     orig = _C.active_isa()
     yield
     _C.force_isa(orig)
