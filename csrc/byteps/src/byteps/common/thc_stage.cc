@@ -70,9 +70,11 @@ bool DevicePlan(bool thc, const void* input, const void* output) {
   return ZeroCopy(thc, input, output) && DeviceStages() == td::Stages::kEmulated;
 }
 
-compressor::ThcCompressor* OnDevice(const std::shared_ptr<TensorTableEntry>& task) {
+// A THC partition bound to a device whose memory is not the host's (the plan's copies are its),
+// or nullptr.
+compressor::ThcCompressor* WithCopies(const std::shared_ptr<TensorTableEntry>& task) {
   auto* thc = dynamic_cast<compressor::ThcCompressor*>(task->compressor.get());
-  return thc && DevicePlan(true, task->tensor.get(), task->output.get()) ? thc : nullptr;
+  return thc && thc->copies() ? thc : nullptr;
 }
 
 // Once, on rank 0, for the first partition bound on a device: the plan, its stages in order and
@@ -151,7 +153,7 @@ void SkipNonFiniteStep(std::shared_ptr<TensorTableEntry> task, compressor::MaxRo
   }
   auto& q = task->queue_list;
   std::vector<QueueType> skipped{COMPRESS, PUSH, PULL, DECOMPRESS};
-  if (OnDevice(task)) skipped.insert(skipped.end(), {COPYD2H, COPYH2D});  // the payload's, sums'
+  if (WithCopies(task)) skipped.insert(skipped.end(), {COPYD2H, COPYH2D});  // the payload's, sums'
   for (QueueType stage : skipped) {
     q.erase(std::remove(q.begin() + 1, q.end(), stage), q.end());
   }
@@ -229,19 +231,23 @@ void StartNormRound(std::shared_ptr<TensorTableEntry> task) {
   }
   std::string local, nonfinite;
   double norm = std::numeric_limits<double>::quiet_NaN();
+  auto* thc_codec = dynamic_cast<compressor::ThcCompressor*>(thc);  // LHC has no device plan
+  const bool on_device = thc_codec && DevicePlan(true, task->tensor.get(), task->output.get());
   std::string err;
-  auto* device_thc = OnDevice(task);
-  if (device_thc && !thc->bound()) device_thc->UseDevice(td::MakeHostDevice(/*host_memory=*/false));
-  if (dynamic_cast<compressor::ThcCompressor*>(thc)) DeviceStages(&err);
+  if (thc_codec) DeviceStages(&err);  // a bad BYTEPS_THC_DEVICE_STAGES
   if (!err.empty()) {
     local = Where(task) + ": " + err + ".";
-  } else if (!(err = thc->Bind(task->key, task->len, static_cast<uint32_t>(BytePSGlobal::GetRank()),
-                               task->tensor_name))
-                  .empty()) {
-    local = Where(task) + ": " + err +
-            ". Declare it with valid THC settings (byteps_thc.ThcConfig checks them).";
   } else {
-    if (device_thc) LogDevicePlan(task, device_thc);
+    if (on_device && !thc->bound()) thc_codec->UseDevice(td::MakeHostDevice(/*host_memory=*/false));
+    err = thc->Bind(task->key, task->len, static_cast<uint32_t>(BytePSGlobal::GetRank()),
+                    task->tensor_name);
+    if (!err.empty()) {
+      local = Where(task) + ": " + err +
+              ". Declare it with valid THC settings (byteps_thc.ThcConfig checks them).";
+    }
+  }
+  if (local.empty()) {
+    if (on_device) LogDevicePlan(task, thc_codec);
     char* data = static_cast<char*>(task->cpubuff) + task->offset;
     ThcCompressSource(task, &data);
     compressor::tensor_t grad(data, task->len, task->tensor->dtype());
@@ -330,8 +336,8 @@ void ThcAddStages(const BPSContext& context, const Tensor* input, const Tensor* 
 }
 
 bool ThcCopyStage(const std::shared_ptr<TensorTableEntry>& task, QueueType stage) {
-  auto* thc = OnDevice(task);
-  if (!thc || !thc->copies()) return false;
+  auto* thc = WithCopies(task);
+  if (!thc) return false;
   compressor::ThcCompressor::Copy c;
   if (stage == COPYD2H) {
     c = thc->PayloadCopy();

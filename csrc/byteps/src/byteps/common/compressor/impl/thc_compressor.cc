@@ -129,7 +129,6 @@ ThcCompressor::Copy ThcCompressor::PayloadCopy() {
 ThcCompressor::Copy ThcCompressor::SumsCopy(size_t bytes) {
   Copy c;
   if (!copies()) return c;
-  reply_copied_ = true;
   reply_error_ = CheckReply(bytes, &reply_);
   if (!reply_error_.empty()) return c;
   c.dst = sums_dev_;
@@ -228,11 +227,10 @@ tensor_t ThcCompressor::Decompress(tensor_t compressed) {
   const tensor_t none{compressed.data, 0, compressed.dtype};
   thcwire::PullHeader h;
   const uint8_t* sums = nullptr;
-  if (copies()) {  // COPYH2D checked the reply and moved its sums to the device
-    error_ = reply_copied_ ? reply_error_ : "no reply was copied to the device before the decode";
+  if (copies()) {  // COPYH2D (before DECOMPRESS in the plan) checked the reply, moved its sums
+    error_ = reply_error_;
     h = reply_;
     sums = sums_dev_;
-    reply_copied_ = false;
   } else {
     error_ = CheckReply(compressed.size, &h);
     sums = reinterpret_cast<const uint8_t*>(recv_.data()) + sizeof(h);

@@ -98,8 +98,7 @@ class ThcCompressor : public MaxRoundCompressor {
   uint8_t* payload_dev_ = nullptr;  // with copies(): the payload and the sums on the device
   uint8_t* sums_dev_ = nullptr;
   bool payload_ready_ = false;  // Compress() succeeded and PayloadCopy() has not run
-  bool reply_copied_ = false;   // SumsCopy() ran for the pending Decompress()
-  std::string reply_error_;     // ... and what was wrong with the reply
+  std::string reply_error_;     // SumsCopy()'s check of the reply, for Decompress()
   thcwire::PullHeader reply_{};
   double max_norm_ = 0.0;
   std::vector<float> scratch_;
