@@ -18,7 +18,7 @@ _C = pytest.importorskip("byteps_thc._C")
 
 # the ISAs this host can force (found once), the fixture that restores the ISA after each test,
 # and the float32 bit view
-from test_kernels import ISAS, _restore_isa, bits_of  # noqa: E402, F401
+from test_kernels import ISAS, bits_of, restore_isa  # noqa: E402, F401
 
 THREADS = (2, 3, 8)
 
