@@ -62,7 +62,8 @@ CUDA_WORKER ?= $(if $(NVCC),1,0)
 FORK_CUDA := .cache/fork-cuda
 byteps-cuda: $(VENV)
 	@command -v nvcc > /dev/null || { echo "make byteps-cuda: no nvcc on PATH" >&2; exit 1; }
-	@BYTEPS_THC_CPU_ONLY=0 BYTEPS_THC_TENSORFLOW=0 nice scripts/build_byteps.sh --target $(FORK_CUDA)
+	@BYTEPS_THC_CPU_ONLY=0 BYTEPS_THC_TENSORFLOW=0 THC_CUDA_ARCHS=$${THC_CUDA_ARCHS:-90} \
+	  nice scripts/build_byteps.sh --target $(FORK_CUDA)
 
 test: ext byteps $(if $(filter 1,$(CUDA_WORKER)),byteps-cuda)
 	$(if $(filter 1,$(CUDA_WORKER)),BYTEPS_THC_CUDA_FORK=$(CURDIR)/$(FORK_CUDA)) $(PY) -m pytest -q tests

@@ -278,6 +278,9 @@ for d in ("tensorflow", "tensorflow-cpu", "keras", "mxnet"):
   (cd "$LHC_CORE" && find . -maxdepth 1 -type f \( -name '*.h' -o -name '*.cc' \) | sort | xargs -r sha256sum)
   (cd "$CODEC_COMMON" && find . -maxdepth 1 -type f \( -name '*.h' -o -name '*.cc' \) | sort | xargs -r sha256sum)
   sha256sum < "$BUILD_FACTS"
+  # the CUDA worker's torch plugin links the kernels (byteps_thc_build.extra_objects)
+  [ "$cuda_worker" = 0 ] || { (cd "$CORE/cuda" && find . -maxdepth 1 -type f | sort | xargs -r sha256sum)
+    echo "THC_CUDA_ARCHS=${THC_CUDA_ARCHS:-}"; }
 } | sha256sum | cut -c1-16)"
 
 dest="${target:-$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')}"
@@ -379,6 +382,13 @@ for core in "$CORE" "$LHC_CORE" "$CODEC_COMMON"; do  # csrc/{thc,lhc,common} -> 
     cp "$f" "$sub/"; echo "$sub/$(basename "$f")" >> thc_added_files.txt
   done
 done
+if [ "$cuda_worker" = 1 ]; then  # csrc/thc/cuda -> thc/cuda/: the kernels and their nvcc build
+  mkdir -p thc/cuda
+  for f in "$CORE"/cuda/*.cu "$CORE"/cuda/*.cuh "$CORE"/cuda/*.h "$CORE"/cuda/build.py; do
+    [ -e "$f" ] || continue
+    cp "$f" thc/cuda/; echo "thc/cuda/$(basename "$f")" >> thc_added_files.txt
+  done
+fi
 cp "$BUILD_FACTS" build_facts.py && echo build_facts.py >> thc_added_files.txt
 log "added $(wc -l < thc_added_files.txt) files of ours"
 mkdir -p zeromq-patches

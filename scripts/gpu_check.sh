@@ -24,7 +24,8 @@
 #                   the digits example with --device cuda, then the same with --device cpu;
 #                   each run's workers must end bit-identical, and the CUDA run's final test
 #                   accuracy and last-epoch loss must be within 0.02 of the CPU run's
-#                   (of the development host's CPU-only run, if this one gave none)    2 x 120
+#                   (of the development host's CPU-only run, if this one gave none), and
+#                   the CUDA run's rank 0 must log THC's device plan on "cuda"         2 x 120
 #   4   bench       benchmarks/bench_cuda.py                                                150
 #   5   summary     summary.json: the GPU, each step's status, seconds and figures
 # GPU_CHECK_BUDGET (default 480 s) bounds the whole run, so that summary.json is written within
@@ -355,6 +356,11 @@ for dev in ("cuda", "cpu"):
                  # what the launcher said (a worker's exit, a timeout) and the first errors
                  "launcher": [ln for ln in text.splitlines() if ln.startswith("bpslaunch: ")][-3:],
                  "errors": [ln for ln in text.splitlines() if "Error" in ln or "error:" in ln][:3],
+                 # rank 0's line naming the THC stage plan and its device (thc_stage.cc)
+                 "device_plan": next((ln for ln in text.splitlines()
+                                      if "byteps-thc: THC device stages (" in ln
+                                      or "byteps-thc: THC encodes GPU tensors on the host" in ln),
+                                     None),
                  "bytes_per_step": (json.loads(stats.read_text()).get("bytes_per_step")
                                     if stats.exists() else None),
                  "bit_identical": (len(workers) == 2
@@ -394,7 +400,11 @@ if len(pairs) == 2:
 ran = [steps.get(f"cluster_{d}", {}).get("status") for d in ("cuda", "cpu")]
 cluster["status"] = ("skipped" if "skipped" in ran else
                      "ok" if (ran == ["ok", "ok"] and cluster.get("close")
-                              and all(r["bit_identical"] for r in runs.values())) else "failed")
+                              and all(r["bit_identical"] for r in runs.values())
+                              # the CUDA run's THC ran on the GPU (the kernels or, for a
+                              # partition they do not lay out, the host codec beside them)
+                              and "THC device stages (cuda" in
+                              (runs.get("cuda", {}).get("device_plan") or "")) else "failed")
 
 b = json.loads((out / "bench.json").read_text()) if (out / "bench.json").exists() else {}
 beside = work / "bench_beside_build"  # "1": it ran while the fork was compiling on the CPUs

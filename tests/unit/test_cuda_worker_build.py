@@ -9,6 +9,9 @@ CUDA/NCCL worker, with our stages) against nvcc's CUDA and the pinned NCCL wheel
   the CUDA tensors' push_pull;
 - it links libcudart, libnccl and libnuma, and every symbol it uses resolves, except, against a
   CPU torch, the ones in c10::cuda (libc10_cuda.so comes only with CUDA torch wheels);
+- THC's CUDA kernels (csrc/thc/cuda, compiled by nvcc) are linked into the torch plugin, with
+  the THC device that calls them (thc_device_kernels.cc) in place of the fallback that the other
+  plugins keep;
 - the server (no CUDA in it, as in the CPU build) has no undefined symbol and loads.
 """
 import os
@@ -85,6 +88,38 @@ def test_the_build_is_the_cuda_worker(cuda_fork):
         assert f"byteps::common::{stage}" in defined, stage
     # nccl_manager.cc, which the CPU-only build leaves out (cpu_only.h has its one-rank stand-in)
     assert any(s.startswith("byteps::common::NcclManager::") for s in defined)
+
+
+def _all_symbols(path):
+    """Every symbol of `path`'s symbol table, demangled, without its arguments and ABI tags:
+    name -> nm's type letters."""
+    out = subprocess.run(["nm", "-C", path], capture_output=True, text=True, check=True).stdout
+    found = {}
+    for line in out.splitlines():
+        parts = line.split(None, 2)
+        if len(parts) == 3:
+            name = re.sub(r"\[abi:\w+\]", "", parts[2].split("(")[0])
+            found.setdefault(name, set()).add(parts[1])
+    return found
+
+
+def test_the_plugin_links_thc_cuda_kernels(cuda_fork):
+    plugin = _library(cuda_fork, "torch")
+    symbols = _all_symbols(plugin)
+    # the kernels' host launchers, defined in the plugin (T: global, t: hidden by their flags)
+    for launcher in ("LaunchNorm", "LaunchEncode", "LaunchDecode"):
+        kinds = symbols.get(f"thc::cuda::{launcher}", set())
+        assert kinds & {"T", "t"}, (launcher, kinds)
+    # the kernels' device replaced the weak fallback (W) that returns none
+    kinds = symbols.get("byteps::common::compressor::thcdevice::MakeKernelDevice", set())
+    assert kinds & {"T", "t"} and not kinds & {"W", "w"}, kinds
+    # the device code itself: nvcc's fat binary section
+    sections = subprocess.run(["readelf", "-S", "-W", plugin], capture_output=True, text=True,
+                              check=True).stdout
+    assert ".nv_fatbin" in sections
+    # the server has none of it
+    server = _library(cuda_fork, "server")
+    assert not any(k.startswith("thc::cuda::") for k in _all_symbols(server))
 
 
 NCCL_CALLS = ("ncclGetUniqueId", "ncclCommInitRank", "ncclReduce", "ncclBroadcast",

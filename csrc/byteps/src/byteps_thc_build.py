@@ -15,6 +15,11 @@ codec's build description csrc/build_facts.py beside this file, and writes thc_a
                      its libraries in its first lines: `// byteps-thc-build: worker torch`.
                      Otherwise by place: thc/*.cc, lhc/*.cc and byteps/common/** go into server
                      and worker, byteps/server/** into server, byteps/torch/** into torch.
+                     thc/cuda/ (the CUDA kernels, copied for the CUDA worker only) is not here.
+- extra_objects(k):  objects compiled apart, for library k: for the CUDA worker's torch plugin
+                     the CUDA kernels (thc/cuda/*.cu, by nvcc through thc/cuda/build.py, which
+                     `make ext` uses for byteps_thc._C too), which the plugin's THC device
+                     (byteps/common/compressor/impl/thc_device_kernels.cc) calls.
 - setup_compiler(c): per-file flags (see file_flags), BYTEPS_BUILD_JOBS parallel compiles, and
                      LINKED on every link.
 - pslite_make_option(): ZeroMQ from the tarball the sdist bundles (no download) with our patches
@@ -124,7 +129,7 @@ def extra_sources(kind):
     for rel in _added_files():
         if not rel.endswith(".cc"):
             continue
-        if not FACTS.compiled_here(rel):
+        if not FACTS.compiled_here(rel) or rel.startswith("thc/cuda/"):
             continue
         top = rel.split("/")[0]
         tagged = _tagged_libraries(rel)
@@ -143,6 +148,24 @@ def extra_sources(kind):
         if ok:
             srcs.append(rel)
     return sorted(srcs)
+
+
+def _nvcc():
+    home = os.environ.get("BYTEPS_CUDA_HOME") or os.environ.get("CUDA_HOME") or "/usr/local/cuda"
+    return os.path.join(home, "bin", "nvcc")
+
+
+def extra_objects(kind):
+    """The CUDA kernels' objects for the CUDA worker's torch plugin; nothing otherwise."""
+    if kind != "torch" or not torch_cuda():
+        return []
+    spec = importlib.util.spec_from_file_location(
+        "thc_cuda_build", os.path.join(HERE, "thc", "cuda", "build.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    objects, _, _ = mod.cuda_objects(_nvcc(), os.path.join(HERE, "build"), HERE,
+                                     include_root=HERE, binding=False)
+    return objects
 
 
 def file_flags(src):

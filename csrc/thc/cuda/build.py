@@ -109,33 +109,39 @@ def _compile(cmd: list[str], label: str) -> float:
     return time.time() - t0
 
 
-def cuda_objects(nvcc, build_temp: Path, root: Path):
+def cuda_objects(nvcc, build_temp: Path, root: Path, include_root: Path = None,
+                 binding: bool = True):
+    """(objects, link args, macros) of the kernels, and of their pybind11 binding when `binding`.
+    `include_root` holds thc/ and common/ (default root/csrc; the BytePS tree's root when the
+    fork's CUDA torch plugin links the kernels without the binding)."""
     nvcc = str(nvcc)
     root = Path(root)
+    include_root = Path(include_root) if include_root else root / "csrc"
     archs = choose_archs(nvcc)
     out_dir = Path(build_temp) / "thc_cuda"
     out_dir.mkdir(parents=True, exist_ok=True)
-    includes = [f"-I{root / 'csrc'}"]
+    includes = [f"-I{include_root}"]
     cu_flags = FLAGS + gencode_flags(archs) + includes
-    binding = root / "csrc" / "python" / "binding_cuda.cc"
+    binding = root / "csrc" / "python" / "binding_cuda.cc" if binding else None
     # The binding shares pybind11's inline classes with the C++ files setuptools compiles with
     # Python's CFLAGS, which define NDEBUG; without it pybind11's arg_v (a default argument) has
     # another layout in this object, and the linker keeps one destructor for both: an invalid
     # free at import.
-    cc_flags = FLAGS + includes + _binding_includes() + ["-DNDEBUG"]
-
     sources = sorted(HERE.glob("*.cu"))
     jobs = [(src, out_dir / (src.stem + ".o"), [nvcc] + cu_flags) for src in sources]
-    if binding.exists():
+    if binding is not None and binding.exists():
+        cc_flags = FLAGS + includes + _binding_includes() + ["-DNDEBUG"]
         jobs.append((binding, out_dir / "binding_cuda.o", [nvcc] + cc_flags))
 
     # Reuse the objects when the sources, headers and flags are unchanged (the headers of
     # csrc/common included: common.cuh and thc.h include them).
     h = hashlib.sha256()
-    common = sorted((root / "csrc" / "common").glob("*.h"))
-    for p in sorted(HERE.glob("*")) + [binding, root / "csrc" / "thc" / "thc.h"] + common + [
-            root / "csrc" / "build_facts.py"]:
-        if p.is_file() and p.suffix in (".cu", ".cuh", ".h", ".cc", ".py"):
+    common = sorted((include_root / "common").glob("*.h"))
+    for p in sorted(HERE.glob("*")) + [binding, include_root / "thc" / "thc.h"] + common + [
+            FACTS.__file__]:
+        if p is not None and Path(p).is_file() and Path(p).suffix in (
+                ".cu", ".cuh", ".h", ".cc", ".py"):
+            p = Path(p)
             h.update(p.name.encode())
             h.update(p.read_bytes())
     h.update(repr([j[2] for j in jobs]).encode())

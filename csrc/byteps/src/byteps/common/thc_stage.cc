@@ -63,11 +63,61 @@ td::Stages DeviceStages(std::string* error = nullptr) {
   return stages;
 }
 
-// The one rule for the GPU worker's plan (thc_device.h), at enqueue time and in the stages: a THC
-// partition that the CPU plan would take without copies, with BYTEPS_THC_DEVICE_STAGES=emulated
-// (the input and output tensors are then the "device" memory the codec reads and writes).
-bool DevicePlan(bool thc, const void* input, const void* output) {
-  return ZeroCopy(thc, input, output) && DeviceStages() == td::Stages::kEmulated;
+// One GPU per worker machine, on one PCIe switch: the device plan's condition on a CUDA worker.
+// With several, BytePS's NCCL reduce-scatter leaves each GPU a slice of the partition, so the
+// partition is reduced on the host and THC runs there (upstream's copies; LogHostPlan says so).
+bool OneGpuPerMachine() {
+  return BytePSGlobal::GetLocalSize() == 1 && !BytePSGlobal::IsCrossPcieSwitch();
+}
+
+// The one rule for the device plan (thc_device.h), at enqueue time and in the stages: a THC
+// partition of a GPU tensor on a CUDA worker with one GPU per machine (BYTEPS_THC_DEVICE_STAGES
+// unset or "auto"), or, with "emulated", one that the CPU plan would take without copies (the
+// input and output tensors are then the "device" memory the codec reads and writes).
+bool DevicePlan(bool thc, const void* input, const void* output, int device) {
+  if (!thc || !input || !output) return false;
+  switch (DeviceStages()) {
+    case td::Stages::kEmulated: return ZeroCopy(thc, input, output);
+    case td::Stages::kAuto: return !kCpuOnly && device != CPU_DEVICE_ID && OneGpuPerMachine();
+    default: return false;
+  }
+}
+
+bool DevicePlan(const std::shared_ptr<TensorTableEntry>& task) {
+  return DevicePlan(dynamic_cast<compressor::ThcCompressor*>(task->compressor.get()) != nullptr,
+                    task->tensor.get(), task->output.get(), task->device);
+}
+
+// The partition's device on the device plan: the CUDA GPU of its tensor, else the emulated one.
+// nullptr with *error set when none can be made.
+std::unique_ptr<td::Device> PlanDevice(const std::shared_ptr<TensorTableEntry>& task,
+                                       const compressor::ThcCompressor& thc, std::string* error) {
+  if (task->device == CPU_DEVICE_ID) return td::MakeHostDevice(/*host_memory=*/false);
+  const size_t d = task->len / compressor::MaxRoundCompressor::ElementBytes(task->tensor->dtype());
+  return td::MakeCudaDevice(compressor::thcwire::PartitionConfig(thc.settings().config, task->key),
+                            d, task->tensor->dtype(), task->device,
+                            BytePSGlobal::GetCopyDevice2HostStream(),
+                            BytePSGlobal::GetCopyHost2DeviceStream(), error);
+}
+
+// Once, on rank 0, for the first THC partition of a GPU tensor that THC encodes on the host
+// because the device plan does not apply.
+void LogHostPlan(const std::shared_ptr<TensorTableEntry>& task) {
+  static std::atomic<bool> logged{false};
+  if (kCpuOnly || task->device == CPU_DEVICE_ID || BytePSGlobal::GetRank() != 0 ||
+      DevicePlan(task) || logged.exchange(true))
+    return;
+  std::ostringstream os;
+  os << "byteps-thc: THC encodes GPU tensors on the host (tensor '" << task->tensor_name
+     << "' copied whole to the host and back): ";
+  if (DeviceStages() == td::Stages::kOff) {
+    os << "BYTEPS_THC_DEVICE_STAGES=off";
+  } else {
+    os << BytePSGlobal::GetLocalSize() << " GPUs per machine"
+       << (BytePSGlobal::IsCrossPcieSwitch() ? " across PCIe switches" : "")
+       << "; THC on the GPU needs one per worker machine (BYTEPS_LOCAL_SIZE=1)";
+  }
+  std::cerr << os.str() << "\n" << std::flush;
 }
 
 // A THC partition bound to a device whose memory is not the host's (the plan's copies are its),
@@ -232,15 +282,20 @@ void StartNormRound(std::shared_ptr<TensorTableEntry> task) {
   std::string local, nonfinite;
   double norm = std::numeric_limits<double>::quiet_NaN();
   auto* thc_codec = dynamic_cast<compressor::ThcCompressor*>(thc);  // LHC has no device plan
-  const bool on_device = thc_codec && DevicePlan(true, task->tensor.get(), task->output.get());
+  const bool on_device = thc_codec && DevicePlan(task);
   std::string err;
   if (thc_codec) DeviceStages(&err);  // a bad BYTEPS_THC_DEVICE_STAGES
   if (!err.empty()) {
     local = Where(task) + ": " + err + ".";
   } else {
-    if (on_device && !thc->bound()) thc_codec->UseDevice(td::MakeHostDevice(/*host_memory=*/false));
-    err = thc->Bind(task->key, task->len, static_cast<uint32_t>(BytePSGlobal::GetRank()),
-                    task->tensor_name);
+    if (on_device && !thc->bound()) {
+      auto device = PlanDevice(task, *thc_codec, &err);
+      if (device) thc_codec->UseDevice(std::move(device));
+    }
+    if (err.empty()) {
+      err = thc->Bind(task->key, task->len, static_cast<uint32_t>(BytePSGlobal::GetRank()),
+                      task->tensor_name);
+    }
     if (!err.empty()) {
       local = Where(task) + ": " + err +
               ". Declare it with valid THC settings (byteps_thc.ThcConfig checks them).";
@@ -248,6 +303,7 @@ void StartNormRound(std::shared_ptr<TensorTableEntry> task) {
   }
   if (local.empty()) {
     if (on_device) LogDevicePlan(task, thc_codec);
+    if (thc_codec && !on_device) LogHostPlan(task);
     char* data = static_cast<char*>(task->cpubuff) + task->offset;
     ThcCompressSource(task, &data);
     compressor::tensor_t grad(data, task->len, task->tensor->dtype());
@@ -314,21 +370,22 @@ PullScale PushPullScale(const BPSContext& context, bool average) {
   return s;
 }
 
-void ThcAddStages(const BPSContext& context, const Tensor* input, const Tensor* output,
+void ThcAddStages(const BPSContext& context, const Tensor* input, const Tensor* output, int device,
                   std::vector<QueueType>* queue_list) {
   if (!ThcUsesNormRound(context)) return;
   auto it = std::find(queue_list->begin(), queue_list->end(), COMPRESS);
   if (it != queue_list->end()) queue_list->insert(it, THC_NORM);
-  if (ZeroCopy(true, input, output)) {
+  // The device plan: the codec on the device, the copies carry its payload and sums.
+  const bool thc = !context.compressor_list.empty() &&
+                   dynamic_cast<compressor::ThcCompressor*>(context.compressor_list[0].get());
+  const bool device_plan = DevicePlan(thc, input, output, device);
+  if (ZeroCopy(true, input, output) || device_plan) {
     for (QueueType copy : {COPYD2H, COPYH2D}) {
       queue_list->erase(std::remove(queue_list->begin(), queue_list->end(), copy),
                         queue_list->end());
     }
   }
-  // The GPU worker's plan: the codec on the device, the copies carry its payload and sums.
-  const bool thc = !context.compressor_list.empty() &&
-                   dynamic_cast<compressor::ThcCompressor*>(context.compressor_list[0].get());
-  if (!DevicePlan(thc, input, output)) return;
+  if (!device_plan) return;
   auto at = std::find(queue_list->begin(), queue_list->end(), COMPRESS);
   if (at != queue_list->end()) queue_list->insert(at + 1, COPYD2H);
   at = std::find(queue_list->begin(), queue_list->end(), DECOMPRESS);
@@ -341,7 +398,14 @@ bool ThcCopyStage(const std::shared_ptr<TensorTableEntry>& task, QueueType stage
   compressor::ThcCompressor::Copy c;
   if (stage == COPYD2H) {
     c = thc->PayloadCopy();
-    if (c.bytes) CopyToHost(c.dst, c.src, c.bytes, BytePSGlobal::GetCopyDevice2HostStream());
+    if (c.bytes) {
+      CopyToHost(c.dst, c.src, c.bytes, BytePSGlobal::GetCopyDevice2HostStream());
+      std::string err = thc->AfterPayloadCopy();
+      if (!err.empty()) {  // push the header alone: the server fails the round for every worker
+        if (task->compressed) task->compressed->size = sizeof(tw::PushHeader);
+        RecordFailure(task, Where(task) + ": " + err + ".");
+      }
+    }
   } else {
     c = thc->SumsCopy(BytePSGlobal::EncodeDefaultKey(task->key, 0).lens[0]);
     if (c.bytes) CopyToDevice(c.dst, c.src, c.bytes, BytePSGlobal::GetCopyHost2DeviceStream());
@@ -352,11 +416,18 @@ bool ThcCopyStage(const std::shared_ptr<TensorTableEntry>& task, QueueType stage
 }
 
 void ThcCompressSource(const std::shared_ptr<TensorTableEntry>& task, char** data) {
-  if (ZeroCopy(task)) *data = TensorAt(task->tensor, task->offset);
+  if (ZeroCopy(task)) {
+    *data = TensorAt(task->tensor, task->offset);
+  } else if (WithCopies(task) && task->device != CPU_DEVICE_ID) {
+    // where BytePS's COPYD2H reads: after an NCCL reduce of several GPUs its output
+    *data = TensorAt(BytePSGlobal::GetNccl()->GetSize() > 1 ? task->output : task->tensor,
+                     task->offset);
+  }
 }
 
 void ThcDecompressTarget(const std::shared_ptr<TensorTableEntry>& task, char** data) {
-  if (ZeroCopy(task)) *data = TensorAt(task->output, task->offset);
+  if (ZeroCopy(task) || (WithCopies(task) && task->device != CPU_DEVICE_ID))
+    *data = TensorAt(task->output, task->offset);
 }
 
 void ThcNormLoop() {

@@ -1,11 +1,12 @@
 // byteps-thc: THC's worker-side stages and hooks in BytePS's pipeline.
 //
-// A THC partition flows COPYD2H -> THC_NORM -> COMPRESS -> PUSH -> PULL -> DECOMPRESS -> COPYH2D,
+// A THC partition flows COPYD2H -> THC_NORM -> COMPRESS -> PUSH -> PULL -> DECOMPRESS -> COPYH2D
+// (a GPU tensor on a machine of several GPUs: upstream's NCCL reduce and broadcast around it),
 // and on a CPU-only worker THC_NORM -> COMPRESS -> PUSH -> PULL -> DECOMPRESS: the codec reads the
 // gradient from the input tensor and decodes into the output tensor, so the two host copies of the
-// gradient (into BytePS's buffer and back) are not made (patch 0043). The GPU worker's plan
-// (compressor/impl/thc_device.h; on a CPU-only worker with BYTEPS_THC_DEVICE_STAGES=emulated)
-// keeps the codec on the device and moves only its bytes: THC_NORM (the norm on the device) ->
+// gradient (into BytePS's buffer and back) are not made (patch 0043). The device plan
+// (compressor/impl/thc_device.h: a GPU tensor on a CUDA worker of one GPU per machine; on a
+// CPU-only worker with BYTEPS_THC_DEVICE_STAGES=emulated) keeps the codec on the device and moves only its bytes: THC_NORM (the norm on the device) ->
 // COMPRESS (the encode on the device) -> COPYD2H (the payload) -> PUSH -> PULL -> COPYH2D (the
 // packed sums) -> DECOMPRESS (the decode on the device, into the output tensor).
 // THC_NORM (spec §3 step 2) binds the partition to its compressor, computes the local norm of
@@ -50,14 +51,17 @@ struct PullScale {
 PullScale PushPullScale(const BPSContext& context, bool average);
 
 // Inserts THC_NORM before COMPRESS in a THC tensor's queue list, and on a CPU-only worker
-// (push_pull: input and output given) takes out COPYD2H and COPYH2D, or, on the GPU worker's
-// plan, puts them after COMPRESS and before DECOMPRESS. No-op for other tensors.
-void ThcAddStages(const BPSContext& context, const Tensor* input, const Tensor* output,
+// (push_pull: input and output given) takes out COPYD2H and COPYH2D, or, on the device plan
+// (compressor/impl/thc_device.h: GPU tensors on a CUDA worker with one GPU per machine, CPU
+// tensors with BYTEPS_THC_DEVICE_STAGES=emulated), puts them after COMPRESS and before
+// DECOMPRESS. `device` is the tensor's (CPU_DEVICE_ID or a GPU). No-op for other tensors.
+void ThcAddStages(const BPSContext& context, const Tensor* input, const Tensor* output, int device,
                   std::vector<QueueType>* queue_list);
 
 // COMPRESS (and THC_NORM): where a partition's gradient is read; DECOMPRESS: where its result
-// goes. BytePS's host buffer, except for THC partitions on a CPU-only worker: the input tensor's
-// and the output tensor's bytes at the partition's offset. *data is left alone otherwise.
+// goes. BytePS's host buffer, except for THC partitions on a CPU-only worker and on the device
+// plan: the input tensor's (after a several-GPU NCCL reduce, the output's) and the output
+// tensor's bytes at the partition's offset. *data is left alone otherwise.
 void ThcCompressSource(const std::shared_ptr<TensorTableEntry>& task, char** data);
 void ThcDecompressTarget(const std::shared_ptr<TensorTableEntry>& task, char** data);
 

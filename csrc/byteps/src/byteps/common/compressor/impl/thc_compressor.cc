@@ -22,48 +22,6 @@ std::unique_ptr<Compressor> MakeThc(const kwargs_t& kwargs, size_t size, DataTyp
 
 CompressorRegistry::Register reg("thc_compressor", MakeThc);
 
-// IEEE binary16 <-> binary32, round to nearest even.
-float HalfToFloat(uint16_t h) {
-  uint32_t sign = (h & 0x8000u) << 16, exp = (h >> 10) & 0x1F, man = h & 0x3FFu, bits;
-  if (exp == 0x1F) {
-    bits = sign | 0x7F800000u | (man << 13);
-  } else if (exp) {
-    bits = sign | ((exp + 112) << 23) | (man << 13);
-  } else if (man) {  // subnormal: normalise
-    int e = -1;
-    do {
-      ++e;
-      man <<= 1;
-    } while (!(man & 0x400u));
-    bits = sign | ((112 - e) << 23) | ((man & 0x3FFu) << 13);
-  } else {
-    bits = sign;
-  }
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
-
-uint16_t FloatToHalf(float f) {
-  uint32_t x;
-  std::memcpy(&x, &f, 4);
-  uint32_t sign = (x >> 16) & 0x8000u;
-  uint32_t absx = x & 0x7FFFFFFFu;
-  if (absx >= 0x7F800000u) return sign | 0x7C00u | (absx > 0x7F800000u ? 0x200u : 0);  // inf/nan
-  if (absx >= 0x477FF000u) return sign | 0x7C00u;  // rounds to >= 65520: overflow to inf
-  if (absx < 0x38800000u) {                        // subnormal half (or zero)
-    if (absx < 0x33000000u) return sign;           // < 2^-25: rounds to zero
-    uint32_t e = absx >> 23, man = (absx & 0x7FFFFFu) | 0x800000u;
-    uint32_t shift = 126 - e;  // 14 + (113 - e) ... places the value in units of 2^-24
-    uint32_t q = man >> shift, rem = man & ((1u << shift) - 1), half = 1u << (shift - 1);
-    if (rem > half || (rem == half && (q & 1))) ++q;
-    return sign | q;
-  }
-  uint32_t q = ((absx >> 13) - (112u << 10)), rem = absx & 0x1FFFu;
-  if (rem > 0x1000u || (rem == 0x1000u && (q & 1))) ++q;
-  return sign | q;
-}
-
 }  // namespace
 
 ThcCompressor::ThcCompressor(size_t size, DataType dtype, thcwire::ThcSettings settings)
@@ -86,7 +44,7 @@ std::string ThcCompressor::Bind(uint64_t key, size_t bytes, uint32_t rank,
   if (!err.empty() || again) return err;
   cfg_ = thcwire::PartitionConfig(settings_.config, key);
   if (!device_) device_ = thcdevice::MakeHostDevice(/*host_memory=*/true);
-  err = device_->Bind(cfg_, d, rank, settings_.error_feedback, settings_.codec_threads);
+  err = device_->Bind(cfg_, d, _dtype, rank, settings_.error_feedback, settings_.codec_threads);
   if (!err.empty()) return std::string("the ") + device_->name() + " device: " + err;
   geo_ = thc::MakeGeometry(cfg_, d);
   // The sums come back packed in at most 32 bits each, or an error message.
@@ -106,7 +64,6 @@ std::string ThcCompressor::Bind(uint64_t key, size_t bytes, uint32_t rank,
   fingerprint_ = thcwire::Fingerprint(cfg_, d);
   send_.assign(sizeof(thcwire::PushHeader) + geo_.payload_bytes, 0);
   recv_.assign(sizeof(thcwire::PullHeader) + std::max(sums_capacity, thcwire::kMaxErrorBytes), 0);
-  if (_dtype != BYTEPS_FLOAT32) scratch_.assign(geo_.padded, 0.0f);
   BPS_LOG(DEBUG) << "THC key " << key << ": " << thcwire::Describe(cfg_) << " d=" << d
                  << " payload=" << geo_.payload_bytes << "B device=" << device_->name();
   return "";
@@ -137,19 +94,6 @@ ThcCompressor::Copy ThcCompressor::SumsCopy(size_t bytes) {
   return c;
 }
 
-const float* ThcCompressor::AsFloat(tensor_t grad) {
-  size_t d = grad.size / ElementBytes(_dtype);
-  if (_dtype == BYTEPS_FLOAT32) return reinterpret_cast<const float*>(grad.data);
-  if (_dtype == BYTEPS_FLOAT16) {
-    auto* src = reinterpret_cast<const uint16_t*>(grad.data);
-    for (size_t i = 0; i < d; ++i) scratch_[i] = HalfToFloat(src[i]);
-  } else {
-    auto* src = reinterpret_cast<const double*>(grad.data);
-    for (size_t i = 0; i < d; ++i) scratch_[i] = static_cast<float>(src[i]);
-  }
-  return scratch_.data();
-}
-
 // What a failed thc::Encoder call means (the core's text), and what to do about it.
 static std::string StatusMessage(thc::Status st, double max_norm) {
   std::string m = std::string(thc::StatusText(st)) + " (max norm " + std::to_string(max_norm) + ")";
@@ -160,17 +104,35 @@ static std::string StatusMessage(thc::Status st, double max_norm) {
   }
 }
 
+std::string ThcCompressor::EncodeError(thc::Status st) const {
+  if (!device_->device_error().empty()) return "encode failed: " + device_->device_error();
+  return "encode failed: " + StatusMessage(st, max_norm_);
+}
+
+std::string ThcCompressor::AfterPayloadCopy() {
+  const thc::Status st = device_->EncodeStatus();
+  return st == thc::Status::kOk ? "" : EncodeError(st);
+}
+
+void ThcCompressor::FillNonFinite(char* out, bool nan) const {
+  if (!copies()) {
+    MaxRoundCompressor::FillNonFinite(out, nan);
+    return;
+  }
+  std::vector<char> host(d_ * ElementBytes(_dtype));
+  MaxRoundCompressor::FillNonFinite(host.data(), nan);
+  device_->Upload(out, host.data(), host.size());
+}
+
 std::string ThcCompressor::LocalNorm(tensor_t grad, double* norm, std::string* nonfinite) {
   nonfinite->clear();
   if (!bound_) return "the norm was asked for before the partition was bound";
   std::string err = CheckGradient(grad);
   if (!err.empty()) return err;
-  const float* x = AsFloat(grad);
-  thc::Status st = device_->Norm(x, norm);
+  thc::Status st = device_->Norm(grad.data, norm);
   if (st == thc::Status::kOk) return "";
-  if (st == thc::Status::kNonFinite) {
-    // the norm reads the gradient and the residual, and the residual is always finite
-    ClassifyNonFinite(x, norm, nonfinite);
+  if (st == thc::Status::kNonFinite) {  // the device says which: NaN, or +inf for Infs only
+    *nonfinite = std::isnan(*norm) ? "NaN" : "Inf";
     return "";
   }
   if (st == thc::Status::kOverflow) {
@@ -178,6 +140,7 @@ std::string ThcCompressor::LocalNorm(tensor_t grad, double* norm, std::string* n
     *nonfinite = "values whose rotation overflows float32";
     return "";
   }
+  if (!device_->device_error().empty()) return device_->device_error();
   return thc::StatusText(st);
 }
 
@@ -191,8 +154,8 @@ tensor_t ThcCompressor::Compress(tensor_t grad) {
     // with copies() the payload stays on the device until COPYD2H (PayloadCopy)
     uint8_t* payload =
         copies() ? payload_dev_ : reinterpret_cast<uint8_t*>(send_.data() + sizeof(h));
-    auto st = device_->Encode(AsFloat(grad), max_norm_, payload);
-    if (st != thc::Status::kOk) error_ = "encode failed: " + StatusMessage(st, max_norm_);
+    auto st = device_->Encode(grad.data, max_norm_, payload);
+    if (st != thc::Status::kOk) error_ = EncodeError(st);
   }
   if (!error_.empty()) return {send_.data(), sizeof(h), grad.dtype};
   payload_ready_ = true;
@@ -239,20 +202,12 @@ tensor_t ThcCompressor::Decompress(tensor_t compressed) {
   // The decoded mean: the decode's last scale carries the 1/n, so the pull of a THC tensor
   // yields the mean and a push_pull's average costs no pass of its own (PullYieldsMean,
   // thc_stage.h; a sum multiplies by n).
-  float* out =
-      _dtype == BYTEPS_FLOAT32 ? reinterpret_cast<float*>(compressed.data) : scratch_.data();
   auto st = device_->Decode(sums, h.payload_bytes, static_cast<int>(h.lane_bits), h.num_workers,
-                            max_norm_, out);
+                            max_norm_, compressed.data);
   if (st != thc::Status::kOk) {
-    error_ = std::string("decode failed: ") + thc::StatusText(st);
+    error_ = std::string("decode failed: ") +
+             (device_->device_error().empty() ? thc::StatusText(st) : device_->device_error());
     return none;
-  }
-  if (_dtype == BYTEPS_FLOAT16) {
-    auto* dst = reinterpret_cast<uint16_t*>(compressed.data);
-    for (size_t i = 0; i < d_; ++i) dst[i] = FloatToHalf(out[i]);
-  } else if (_dtype == BYTEPS_FLOAT64) {
-    auto* dst = reinterpret_cast<double*>(compressed.data);
-    for (size_t i = 0; i < d_; ++i) dst[i] = out[i];
   }
   return {compressed.data, d_ * ElementBytes(_dtype), compressed.dtype};
 }

@@ -77,6 +77,13 @@ class ThcCompressor : public MaxRoundCompressor {
   // COPYD2H: the payload of the last successful Compress() into the push buffer, after the
   // header that Compress() wrote; nothing after a failed one (its header-only push goes out).
   Copy PayloadCopy();
+  // After COPYD2H (which waited for the device): "" or what the device found during the encode
+  // (a CUDA device records it on the device); the caller then fails the partition and pushes
+  // the header alone.
+  std::string AfterPayloadCopy();
+  // A skipped step's NaN/+inf result, written where the decode would write it (the device's
+  // memory with copies()).
+  void FillNonFinite(char* out, bool nan) const override;
   // COPYH2D: checks the pulled reply of `bytes` bytes (a failure is kept for Decompress() to
   // report) and returns the copy of its packed sums to the device; nothing for a failed reply.
   Copy SumsCopy(size_t bytes);
@@ -85,7 +92,7 @@ class ThcCompressor : public MaxRoundCompressor {
   size_t sums_bytes(uint32_t num_workers) const;
 
  private:
-  const float* AsFloat(tensor_t grad);  // grad as float32 (converted into scratch_ if needed)
+  std::string EncodeError(thc::Status st) const;
   // "" when the pulled reply of `bytes` bytes in recv_ is this partition's sums (*h its header),
   // else what is wrong with it or the server's error.
   std::string CheckReply(size_t bytes, thcwire::PullHeader* h) const;
@@ -101,7 +108,6 @@ class ThcCompressor : public MaxRoundCompressor {
   std::string reply_error_;     // SumsCopy()'s check of the reply, for Decompress()
   thcwire::PullHeader reply_{};
   double max_norm_ = 0.0;
-  std::vector<float> scratch_;
 };
 
 }  // namespace compressor
