@@ -63,29 +63,51 @@ td::Stages DeviceStages(std::string* error = nullptr) {
   return stages;
 }
 
-// One GPU per worker machine, on one PCIe switch: the device plan's condition on a CUDA worker.
-// With several, BytePS's NCCL reduce-scatter leaves each GPU a slice of the partition, so the
-// partition is reduced on the host and THC runs there (upstream's copies; LogHostPlan says so).
-bool OneGpuPerMachine() {
-  return BytePSGlobal::GetLocalSize() == 1 && !BytePSGlobal::IsCrossPcieSwitch();
+// Whether the root GPU holds a partition's whole local sum after BytePS's REDUCE, the device
+// plan's condition on a CUDA worker: one GPU per worker machine, or several whose NCCL reduce
+// puts every partition of the tensor on the root's GPU (BYTEPS_REDUCE_ROOTS naming the root's
+// NCCL rank; BytePS's default reduce-scatter leaves each GPU a slice, so that the partition is
+// summed on the host and THC runs there, as LogHostPlan says). Not across PCIe switches.
+bool RootHoldsSum(uint64_t key) {
+  if (BytePSGlobal::IsCrossPcieSwitch()) return false;
+  if (BytePSGlobal::GetLocalSize() == 1) return true;
+  return BytePSGlobal::IsUsingReduce() &&
+         BytePSGlobal::GetReduceRootByKey(key) == BytePSGlobal::GetNccl()->GetRank(key, REDUCE);
+}
+
+bool RootHoldsSum(const BPSContext& context) {
+  for (uint64_t key : context.key_list) {
+    if (!RootHoldsSum(key)) return false;
+  }
+  return !context.key_list.empty();
 }
 
 // The one rule for the device plan (thc_device.h), at enqueue time and in the stages: a THC
-// partition of a GPU tensor on a CUDA worker with one GPU per machine (BYTEPS_THC_DEVICE_STAGES
-// unset or "auto"), or, with "emulated", one that the CPU plan would take without copies (the
-// input and output tensors are then the "device" memory the codec reads and writes).
-bool DevicePlan(bool thc, const void* input, const void* output, int device) {
+// partition of a GPU tensor on a CUDA worker whose root GPU holds its sum (RootHoldsSum;
+// BYTEPS_THC_DEVICE_STAGES unset or "auto"), or, with "emulated", one that the CPU plan would
+// take without copies (the input and output tensors are then the "device" memory the codec
+// reads and writes). `sum_on_root` is RootHoldsSum of the tensor or the partition.
+bool DevicePlan(bool thc, const void* input, const void* output, int device, bool sum_on_root) {
   if (!thc || !input || !output) return false;
   switch (DeviceStages()) {
     case td::Stages::kEmulated: return ZeroCopy(thc, input, output);
-    case td::Stages::kAuto: return !kCpuOnly && device != CPU_DEVICE_ID && OneGpuPerMachine();
+    case td::Stages::kAuto: return !kCpuOnly && device != CPU_DEVICE_ID && sum_on_root;
     default: return false;
   }
 }
 
 bool DevicePlan(const std::shared_ptr<TensorTableEntry>& task) {
   return DevicePlan(dynamic_cast<compressor::ThcCompressor*>(task->compressor.get()) != nullptr,
-                    task->tensor.get(), task->output.get(), task->device);
+                    task->tensor.get(), task->output.get(), task->device, RootHoldsSum(task->key));
+}
+
+// The root's COPYH2D tells the machine's other GPUs that their own COPYH2D may run (upstream's
+// signal; their copy is empty when the root reduced the whole partition, and the BROADCAST after
+// it gives them the decoded result). Also when a skipped step takes COPYH2D out.
+void NotifyNonRootCopies(const std::shared_ptr<TensorTableEntry>& task) {
+  if (BytePSGlobal::GetLocalSize() <= 1) return;
+  BytePSCommMsg msg = {BytePSGlobal::GetLocalRank(), DO_COPYH2D, task->key};
+  BytePSGlobal::GetBasicComm()->broadcastSignal(&msg, sizeof(BytePSCommMsg));
 }
 
 // The partition's device on the device plan: the CUDA GPU of its tensor, else the emulated one.
@@ -112,10 +134,14 @@ void LogHostPlan(const std::shared_ptr<TensorTableEntry>& task) {
      << "' copied whole to the host and back): ";
   if (DeviceStages() == td::Stages::kOff) {
     os << "BYTEPS_THC_DEVICE_STAGES=off";
+  } else if (BytePSGlobal::IsCrossPcieSwitch()) {
+    os << "its GPUs are across PCIe switches (BYTEPS_PCIE_SWITCH_SIZE), whose sum BytePS takes on "
+          "the host";
   } else {
-    os << BytePSGlobal::GetLocalSize() << " GPUs per machine"
-       << (BytePSGlobal::IsCrossPcieSwitch() ? " across PCIe switches" : "")
-       << "; THC on the GPU needs one per worker machine (BYTEPS_LOCAL_SIZE=1)";
+    os << BytePSGlobal::GetLocalSize() << " GPUs per machine, and BytePS's NCCL reduce leaves "
+       << "the root GPU a slice of each partition; BYTEPS_REDUCE_ROOTS="
+       << BytePSGlobal::GetNccl()->GetRank(task->key, REDUCE)
+       << " reduces every partition onto the root GPU, which then encodes it";
   }
   std::cerr << os.str() << "\n" << std::flush;
 }
@@ -203,7 +229,10 @@ void SkipNonFiniteStep(std::shared_ptr<TensorTableEntry> task, compressor::MaxRo
   }
   auto& q = task->queue_list;
   std::vector<QueueType> skipped{COMPRESS, PUSH, PULL, DECOMPRESS};
-  if (WithCopies(task)) skipped.insert(skipped.end(), {COPYD2H, COPYH2D});  // the payload's, sums'
+  if (WithCopies(task)) {  // the payload's and the sums' copies
+    skipped.insert(skipped.end(), {COPYD2H, COPYH2D});
+    NotifyNonRootCopies(task);
+  }
   for (QueueType stage : skipped) {
     q.erase(std::remove(q.begin() + 1, q.end(), stage), q.end());
   }
@@ -378,7 +407,7 @@ void ThcAddStages(const BPSContext& context, const Tensor* input, const Tensor* 
   // The device plan: the codec on the device, the copies carry its payload and sums.
   const bool thc = !context.compressor_list.empty() &&
                    dynamic_cast<compressor::ThcCompressor*>(context.compressor_list[0].get());
-  const bool device_plan = DevicePlan(thc, input, output, device);
+  const bool device_plan = DevicePlan(thc, input, output, device, RootHoldsSum(context));
   if (ZeroCopy(true, input, output) || device_plan) {
     for (QueueType copy : {COPYD2H, COPYH2D}) {
       queue_list->erase(std::remove(queue_list->begin(), queue_list->end(), copy),
@@ -407,6 +436,7 @@ bool ThcCopyStage(const std::shared_ptr<TensorTableEntry>& task, QueueType stage
       }
     }
   } else {
+    NotifyNonRootCopies(task);
     c = thc->SumsCopy(BytePSGlobal::EncodeDefaultKey(task->key, 0).lens[0]);
     if (c.bytes) CopyToDevice(c.dst, c.src, c.bytes, BytePSGlobal::GetCopyHost2DeviceStream());
   }
