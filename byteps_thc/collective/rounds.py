@@ -46,25 +46,28 @@ DEVICE_TYPES = ("cpu", "cuda")
 
 def default_config(num_ranks: int, device_type: str = "cpu") -> ThcConfig:
     """ThcConfig.for_workers(n): the least-error granularity whose n-rank sums fit 8-bit lanes;
-    16-bit lanes from 18 ranks on (where 8 bits no longer hold n*(2^4 - 1)). On the CPU with a
-    scale per rotation block (block_scale, blocks up to geometry.SCALE_BLOCK): measured as
-    large an error as one norm a partition or less, at less codec time
-    (docs/results/2026-12-03-block-scale.md); on CUDA one norm a partition, which is what its
-    kernels take (and any other device type)."""
+    16-bit lanes from 18 ranks on (where 8 bits no longer hold n*(2^4 - 1)). On CPU and CUDA
+    tensors alike with a scale per rotation block (block_scale, blocks up to
+    geometry.SCALE_BLOCK): measured as large an error as one norm a partition or less, at less
+    codec time (docs/results/2026-12-03-block-scale.md); the error is the codec's, the same on
+    either device (the CUDA kernels compute the CPU core's payloads). Any other device type
+    keeps one norm a partition."""
     try:
         cfg = ThcConfig.for_workers(num_ranks)
     except ValueError:
         cfg = ThcConfig.for_workers(num_ranks, downstream_bits=16)
-    return dataclasses.replace(cfg, block_scale=True) if device_type == "cpu" else cfg
+    return dataclasses.replace(cfg, block_scale=True) if device_type in DEVICE_TYPES else cfg
 
 
 def saved_default(num_ranks: int, saved: dict) -> Optional[ThcConfig]:
-    """The default configuration of some device type whose fields are `saved` (a state_dict's
-    dataclasses.asdict of it), or None: what a defaulted comm or state loads as its own."""
-    for dev in DEVICE_TYPES:
-        cfg = default_config(num_ranks, dev)
-        if dataclasses.asdict(cfg) == saved:
-            return cfg
+    """The default configuration whose fields are `saved` (a state_dict's dataclasses.asdict of
+    it), or None: what a defaulted comm or state loads as its own. Besides today's default, the
+    one-norm default that CUDA tensors had before the CUDA kernels took block_scale, so that a
+    state saved with it still loads."""
+    cfg = default_config(num_ranks)
+    for cand in (cfg, dataclasses.replace(cfg, block_scale=False)):
+        if dataclasses.asdict(cand) == saved:
+            return cand
     return None
 
 

@@ -47,12 +47,12 @@ Tuning:
 - `config`: the default picks the least-error granularity for 8-bit lanes at this world size;
   `ThcConfig.for_workers(n, downstream_bits=16)` halves the error again for twice the incoming
   bytes; bits=2 or 3 send less at a larger error. Keep error feedback on.
-- `block_scale` and `rotation_block`: by default (CPU buckets) each rotation block has its own
-  scale, and each bucket gets the largest block up to 2^16 that pads it by at most 5%
+- `block_scale` and `rotation_block`: by default (CPU and CUDA buckets) each rotation block
+  has its own scale, and each bucket gets the largest block up to 2^16 that pads it by at most 5%
   (geometry.codec_block): cache-sized blocks, under 1% padding, no error lost to a bucket's
   parameters differing in scale. `dataclasses.replace(config, block_scale=False)` is one norm a
   bucket, whose blocks are then the largest that pad by at most 5% (2^19-2^23 for 25 MB
-  buckets; CUDA buckets' default, since the CUDA kernels take one norm).
+  buckets).
   benchmarks/bench_ddp_blocks.py --block-scale measures both on a model's buckets.
 - It can only pay where the link, not the CPU, is the bottleneck: the rotation, the quantisation
   and the decode of every bucket cost CPU (docs/RESULTS.md, "The DDP comm hook").

@@ -104,7 +104,7 @@ class ThcHookState:
     process_group:       the group DDP reduces over (None: the default group).
     config:              a ThcConfig shared by all ranks; None = `default_config(world_size,
                          device type of the first bucket)` (ThcConfig.for_workers(world_size),
-                         8-bit lanes up to 17 ranks; on the CPU with block_scale). Its
+                         8-bit lanes up to 17 ranks; with block_scale on CPU and CUDA). Its
                          rotation_block None lets the hook choose each bucket's block
                          (geometry.codec_block, padding <= ~1.05x); a number forces that block.
     min_compress_bytes:  buckets smaller than this (in their own dtype) go through a plain

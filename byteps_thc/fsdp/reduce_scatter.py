@@ -86,7 +86,7 @@ class ThcReduceScatter(ReduceScatter):
 
     config:          a ThcConfig shared by all ranks; None = rounds.default_config(n, the
                      first call's device type): ThcConfig.for_workers(n) (the least-error
-                     granularity for 8-bit lanes), on the CPU with block_scale. Its
+                     granularity for 8-bit lanes), with block_scale (CPU and CUDA). Its
                      rotation_block None lets each shard take the largest block that pads it
                      by <= ~5% (with block_scale, at most 2^16).
     error_feedback:  "fp32", "bf16" or "off" (module docstring: memory and cost); None takes

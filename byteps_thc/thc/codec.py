@@ -124,10 +124,6 @@ class ThcCodec:
             return None
         if not getattr(_C, "with_cuda", False):
             _cuda_unavailable(what)
-        if self.config.block_scale:
-            raise ValueError(f"{what} is a CUDA tensor, but block_scale=True (a scale per rotation "
-                             "block) runs on the CPU codec only: use block_scale=False for CUDA "
-                             "tensors")
         dev = self._device
         if dev is None:
             from . import cuda

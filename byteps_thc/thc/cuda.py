@@ -26,13 +26,20 @@ With error feedback the residual is kept rotated (docs/ALGORITHM.md, "Error-feed
 float32 tensor of d_pad elements, zeros at the start, as codec.ThcCodec's. The norm then computes
 y = Hu(sign * grad) + r (a transform) and flags an overflow of y; since encode always follows a
 norm launch of the same tensor on the same status word, an overflow leaves the state untouched.
+
+With ThcConfig(block_scale=True) (a scale per rotation block, docs/ALGORITHM.md) the norm gives
+one norm per rotation block (`blocks` of them: a float64 array, or with sync=False the device
+tensor), and encode/decode take one max norm M_k per block: a 1-D array, list or tensor of
+`blocks` values (a CUDA tensor stays on the device; host values are checked here and copied).
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
 
-from .config import ThcConfig
+import numpy as np
+
+from .config import TILE_ALIGN, ThcConfig
 
 
 def _extension():
@@ -95,7 +102,10 @@ def _one_block_size(cfg: ThcConfig, size: int) -> ThcConfig:
             f"block of {geo.tail_block}, which the CUDA kernels do not do yet; give a "
             f"rotation_block (blocks of one size, e.g. {geo.block} pads it to "
             f"{-(-size // geo.block) * geo.block}) or use the CPU codec for it")
-    return dataclasses.replace(cfg, rotation_block=geo.block)
+    # block_scale's blocks are at least TILE_ALIGN (the kernels cap the block at next_pow2(size)
+    # as the core does, so a partition smaller than that is still one block of next_pow2(size))
+    block = max(geo.block, TILE_ALIGN) if cfg.block_scale else geo.block
+    return dataclasses.replace(cfg, rotation_block=block)
 
 
 def _dtype_code(dtype) -> int:
@@ -142,9 +152,25 @@ def _max_norm_args(max_norm, device):
     return float(max_norm), 0, None
 
 
-def _raise_status(value: int, what: str):
+def _bad_block_norm(m) -> str:
+    """The message for block_scale's max norms `m` (float64, host or device) with a value that is
+    not finite or negative, naming the first one; "" when all are good."""
+    v = m.detach().cpu().numpy() if not isinstance(m, np.ndarray) else m
+    bad = np.flatnonzero(~(np.isfinite(v) & (v >= 0)))
+    if not bad.size:
+        return ""
+    i = int(bad[0])
+    more = f" (and {bad.size - 1} more)" if bad.size > 1 else ""
+    return (f"block_scale: the max norm of block {i} must be finite and >= 0, "
+            f"got {float(v[i])}{more}")
+
+
+def _raise_status(value: int, what: str, block_norms=None):
     if value:
-        raise ValueError(f"{what}: {_require().status_text(value)}; "
+        named = ""
+        if block_norms is not None and value & _require().STATUS_NON_FINITE_NORM:
+            named = _bad_block_norm(block_norms)
+        raise ValueError(f"{what}: {named or _require().status_text(value)}; "
                          "the step and the residual are unchanged")
 
 
@@ -158,10 +184,6 @@ class CudaCodec:
 
     def __init__(self, cfg: ThcConfig, size: int, rank: int = 0, device=None, *,
                  fused_max_log: int = 14, column_max_bits: int = 11, chunk_log: int = 22):
-        if isinstance(cfg, ThcConfig) and cfg.block_scale:
-            raise ValueError("block_scale=True (a scale per rotation block) is not implemented "
-                             "in the CUDA kernels, which take one max norm per partition: use "
-                             "block_scale=False for CUDA tensors, or CPU tensors")
         torch, k = _torch(), _require()
         if not isinstance(cfg, ThcConfig):
             raise ValueError(f"cfg must be a ThcConfig, got {type(cfg).__name__}")
@@ -179,13 +201,18 @@ class CudaCodec:
         self._code = device_code(_one_block_size(cfg, size), fused_max_log, column_max_bits,
                                  chunk_log)
         _, self.block, self.padded, self.payload_bytes = k.geometry(self._code, size)
+        self.block_scale = cfg.block_scale
+        self.blocks = k.num_blocks(self._code, size)  # block_scale's norms per partition
         with torch.cuda.device(self.device):
             f32 = dict(dtype=torch.float32, device=self.device)
+            f64 = dict(dtype=torch.float64, device=self.device)
             self._residual = torch.zeros(self.padded, **f32) if cfg.error_feedback else None
             ws = k.workspace_floats(self._code, size)
             # Kept for the codec's life (decode uses it too); 16-byte aligned as allocated.
             self._workspace = torch.empty(ws, **f32) if ws else None
-            self._norm = torch.zeros((), dtype=torch.float64, device=self.device)
+            self._norm = torch.zeros(self.blocks if self.block_scale else (), **f64)
+            # block_scale: where M_k given on the host are copied (the kernels read the device)
+            self._m_dev = torch.zeros(self.blocks, **f64) if self.block_scale else None
             self._status = torch.zeros((), dtype=torch.int32, device=self.device)
         self._norm_of = None  # the input tensor whose norm (and check) was launched last
         self._step = 0
@@ -227,13 +254,16 @@ class CudaCodec:
     def _launch_norm(self, xv, stream) -> None:
         self._k.norm(self._code, xv.data_ptr(), _dtype_code(xv.dtype), self._ptr(self._residual),
                      self.size, self._norm.data_ptr(), self._ptr(self._workspace),
-                     self._status.data_ptr(), stream)
+                     self._status.data_ptr(), stream,
+                     norm_count=self.blocks if self.block_scale else 0)
 
     def norm(self, x, sync: bool = True):
         """The local norm in binary64 (docs/ALGORITHM.md, "Norm"): ||x||_2, or with error
-        feedback sqrt(sum(y^2) / B) over y = Hu(sign * x) + r. sync=True: a float, ValueError on
-        NaN/Inf or overflow; sync=False: a 0-dim float64 CUDA tensor, nothing waits (encode then
-        skips a bad input)."""
+        feedback sqrt(sum(y^2) / B) over y = Hu(sign * x) + r; with block_scale one per rotation
+        block. sync=True: a float (block_scale: a float64 NumPy array of `blocks`), ValueError
+        on NaN/Inf or overflow; sync=False: the float64 CUDA tensor (0-dim, or `blocks` long),
+        nothing waits (encode then skips a bad input). The tensor is this codec's own, rewritten
+        by its next norm."""
         torch = _torch()
         xv = _vector(x, "x", self.size, self.device)
         with torch.cuda.device(self.device):
@@ -242,11 +272,46 @@ class CudaCodec:
         if not sync:
             return self._norm
         _raise_status(self.status(), "norm")
+        if self.block_scale:
+            return self._norm.cpu().numpy()
         return float(self._norm.item())
+
+    def _scale_args(self, max_norm):
+        """(host M, device pointer, max_norm_count, keep-alive) of encode's or decode's max norm:
+        one M (a float or a 0-dim CUDA tensor), or with block_scale one M_k per rotation block
+        (a CUDA tensor is read on the device, where the kernels check it; host values are
+        checked here, naming a bad one, and copied to the device)."""
+        torch = _torch()
+        if not self.block_scale:
+            if isinstance(max_norm, np.ndarray) and max_norm.ndim:
+                raise ValueError(f"max_norm must be one number (block_scale is off), got an "
+                                 f"array of shape {max_norm.shape}")
+            m_host, m_ptr, m_keep = _max_norm_args(max_norm, self.device)
+            return m_host, m_ptr, 0, m_keep
+        want = (f"block_scale: max_norm must hold one max norm per rotation block "
+                f"({self.blocks})")
+        if isinstance(max_norm, torch.Tensor) and max_norm.is_cuda:
+            if max_norm.device != self.device:
+                raise ValueError(f"{want} on {self.device}, got a tensor on {max_norm.device}")
+            if max_norm.dim() != 1 or max_norm.numel() != self.blocks:
+                raise ValueError(f"{want}, got shape {tuple(max_norm.shape)}")
+            m = max_norm.detach().to(torch.float64).contiguous()
+            return 0.0, m.data_ptr(), self.blocks, m
+        if isinstance(max_norm, torch.Tensor):
+            max_norm = max_norm.detach().numpy()
+        m = np.asarray(max_norm, dtype=np.float64)
+        if m.ndim != 1 or m.size != self.blocks:
+            raise ValueError(f"{want}, got shape {m.shape}" if m.ndim else f"{want}, got a number")
+        bad = _bad_block_norm(m)
+        if bad:
+            raise ValueError(bad)
+        self._m_dev.copy_(torch.from_numpy(np.ascontiguousarray(m)))
+        return 0.0, self._m_dev.data_ptr(), self.blocks, self._m_dev
 
     def encode(self, x, max_norm, out=None, check: bool = True):
         """The packed b-bit indices: a uint8 CUDA tensor of payload_bytes (or `out`). max_norm:
-        a float or a 0-dim CUDA tensor (the norm round's result, left on the device). Advances
+        a float or a 0-dim CUDA tensor (the norm round's result, left on the device); with
+        block_scale one M_k per rotation block (`blocks`: an array, or a CUDA tensor). Advances
         the step. The input is checked for NaN/Inf (and, with error feedback, y for overflow) by
         the norm launch of the same tensor, or by one launched here when there was none (with
         error feedback that one runs the transform too); a failed check leaves payload, residual
@@ -254,7 +319,8 @@ class CudaCodec:
         step unchanged, `out` partly written."""
         torch = _torch()
         xv = _vector(x, "x", self.size, self.device)
-        m_host, m_ptr, m_keep = _max_norm_args(max_norm, self.device)
+        with torch.cuda.device(self.device):
+            m_host, m_ptr, m_count, m_keep = self._scale_args(max_norm)
         if out is None:
             out = torch.empty(self.payload_bytes, dtype=torch.uint8, device=self.device)
         elif not (out.is_cuda and out.dtype == torch.uint8 and out.is_contiguous()
@@ -268,24 +334,26 @@ class CudaCodec:
             self._k.encode(self._code, xv.data_ptr(), _dtype_code(xv.dtype),
                            self._ptr(self._residual), self.size, self.rank, self._step, m_host,
                            m_ptr, out.data_ptr(), self._ptr(self._workspace),
-                           self._status.data_ptr(), stream)
+                           self._status.data_ptr(), stream, max_norm_count=m_count)
         self._norm_of = None
-        del m_keep
         if check:
-            _raise_status(self.status(), "encode")
+            _raise_status(self.status(), "encode", m_keep if self.block_scale else None)
+        del m_keep
         self._step += 1
         return out
 
     def decode(self, sums, max_norm, num_workers: int, out=None, out_dtype=None,
                check: bool = True):
         """The estimate of the mean input from the aggregated sums (lanes of lane_bits, d_pad
-        long, on the device): float32, or `out_dtype` (float16/bfloat16: rounded once)."""
+        long, on the device): float32, or `out_dtype` (float16/bfloat16: rounded once).
+        max_norm as encode takes it (block_scale: one M_k per rotation block)."""
         torch, k = _torch(), self._k
         lane_bits = k.lane_bits(self._code, num_workers)
         if lane_bits == 0:
             raise ValueError(f"num_workers={num_workers} * granularity does not fit 32 bits")
         sv = _vector(sums, "sums", self.padded, self.device, (_lane_dtype(lane_bits),))
-        m_host, m_ptr, m_keep = _max_norm_args(max_norm, self.device)
+        with torch.cuda.device(self.device):
+            m_host, m_ptr, m_count, m_keep = self._scale_args(max_norm)
         dtype = out_dtype or torch.float32
         code = _dtype_code(dtype)
         if out is None:
@@ -299,10 +367,11 @@ class CudaCodec:
             self._status.zero_()
             k.decode(self._code, sv.data_ptr(), lane_bits, num_workers, self.size, m_host, m_ptr,
                      out.data_ptr() if fp32 else 0, 0 if fp32 else out.data_ptr(), code,
-                     self._ptr(self._workspace), self._status.data_ptr(), _stream(self.device))
-        del m_keep
+                     self._ptr(self._workspace), self._status.data_ptr(), _stream(self.device),
+                     max_norm_count=m_count)
         if check:
-            _raise_status(self.status(), "decode")
+            _raise_status(self.status(), "decode", m_keep if self.block_scale else None)
+        del m_keep
         return out
 
 

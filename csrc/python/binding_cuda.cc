@@ -34,8 +34,9 @@ void Raise(const std::string& err) {
 
 Code MakeCode(int bits, uint32_t granularity, double clip, uint64_t seed, uint64_t rotation_block,
               const std::vector<uint32_t>& table, int fused_max_log, int column_max_bits,
-              int chunk_log) {
+              int chunk_log, bool block_scale) {
   Code code;
+  code.block_scale = block_scale;
   code.fused_max_log = fused_max_log;
   code.column_max_bits = column_max_bits;
   code.chunk_log = chunk_log;
@@ -90,18 +91,19 @@ void RegisterCuda(py::module_& parent) {
       .def(py::init(&MakeCode), py::arg("bits"), py::arg("granularity"), py::arg("clip"),
            py::arg("seed"), py::arg("rotation_block"), py::arg("table"),
            py::arg("fused_max_log") = 14, py::arg("column_max_bits") = 11,
-           py::arg("chunk_log") = 22)
+           py::arg("chunk_log") = 22, py::arg("block_scale") = false)
       .def_readonly("bits", &Code::bits)
       .def_readonly("granularity", &Code::granularity)
       .def_readonly("clip", &Code::clip)
       .def_readonly("seed", &Code::seed)
-      .def_readonly("rotation_block", &Code::rotation_block);
+      .def_readonly("rotation_block", &Code::rotation_block)
+      .def_readonly("block_scale", &Code::block_scale);
 
   m.def(
       "code_from_config",
       [](const thc::Config& cfg, int fused_max_log, int column_max_bits, int chunk_log) {
         return MakeCode(cfg.bits, cfg.granularity, cfg.clip, cfg.seed, cfg.rotation_block,
-                        cfg.table, fused_max_log, column_max_bits, chunk_log);
+                        cfg.table, fused_max_log, column_max_bits, chunk_log, cfg.block_scale);
       },
       py::arg("config"), py::arg("fused_max_log") = 14, py::arg("column_max_bits") = 11,
       py::arg("chunk_log") = 22, "the device code of a core Config (byteps_thc._C.Config)");
@@ -115,6 +117,10 @@ void RegisterCuda(py::module_& parent) {
         return py::make_tuple(g.d, g.block, g.padded, g.payload_bytes);
       },
       py::arg("code"), py::arg("d"), "(d, block, padded, payload_bytes)");
+  m.def(
+      "num_blocks", [](const Code& code, uint64_t d) { return MakeGeometry(code, d).blocks; },
+      py::arg("code"), py::arg("d"),
+      "rotation blocks of d elements: the length of block_scale's norms and max norms");
   m.def("lane_bits", &LaneBits, py::arg("code"), py::arg("num_workers"));
   m.def("sum_bits", &SumBits, py::arg("code"), py::arg("num_workers"));
   m.def("workspace_floats", &WorkspaceFloats, py::arg("code"), py::arg("d"),
@@ -123,8 +129,10 @@ void RegisterCuda(py::module_& parent) {
   m.def(
       "norm",
       [](const Code& code, uintptr_t grad, int dtype, uintptr_t residual, uint64_t d,
-         uintptr_t norm, uintptr_t workspace, uintptr_t status, uintptr_t stream) {
+         uintptr_t norm, uintptr_t workspace, uintptr_t status, uintptr_t stream,
+         uint64_t norm_count) {
         NormArgs a;
+        a.norm_count = norm_count;
         a.grad = Ptr<const void>(grad);
         a.dtype = static_cast<DType>(dtype);
         a.residual = Ptr<const float>(residual);
@@ -136,15 +144,18 @@ void RegisterCuda(py::module_& parent) {
       },
       py::arg("code"), py::arg("grad"), py::arg("dtype"), py::arg("residual"), py::arg("d"),
       py::arg("norm"), py::arg("workspace"), py::arg("status"), py::arg("stream"),
+      py::arg("norm_count") = 0,
       "the local norm into *norm (binary64): ||grad||, or with the rotated state r (d_pad floats) "
-      "sqrt(sum (Hu(sign*grad) + r)^2 / B); clears *status, then flags NaN/Inf and overflow");
+      "sqrt(sum (Hu(sign*grad) + r)^2 / B); with block_scale one per rotation block into "
+      "norm[0, norm_count = num_blocks); clears *status, then flags NaN/Inf and overflow");
 
   m.def(
       "encode",
       [](const Code& code, uintptr_t grad, int dtype, uintptr_t residual, uint64_t d, uint32_t rank,
          uint64_t step, double max_norm, uintptr_t max_norm_ptr, uintptr_t payload,
-         uintptr_t workspace, uintptr_t status, uintptr_t stream) {
+         uintptr_t workspace, uintptr_t status, uintptr_t stream, uint64_t max_norm_count) {
         EncodeArgs a;
+        a.max_norm_count = max_norm_count;
         a.grad = Ptr<const void>(grad);
         a.dtype = static_cast<DType>(dtype);
         a.residual = Ptr<float>(residual);
@@ -161,7 +172,9 @@ void RegisterCuda(py::module_& parent) {
       },
       py::arg("code"), py::arg("grad"), py::arg("dtype"), py::arg("residual"), py::arg("d"),
       py::arg("rank"), py::arg("step"), py::arg("max_norm"), py::arg("max_norm_ptr"),
-      py::arg("payload"), py::arg("workspace"), py::arg("status"), py::arg("stream"));
+      py::arg("payload"), py::arg("workspace"), py::arg("status"), py::arg("stream"),
+      py::arg("max_norm_count") = 0,
+      "with block_scale max_norm_ptr holds M_k of each rotation block (max_norm_count of them)");
 
   m.def(
       "aggregate",
@@ -184,8 +197,10 @@ void RegisterCuda(py::module_& parent) {
       "decode",
       [](const Code& code, uintptr_t sums, int lane_bits, uint32_t num_workers, uint64_t d,
          double max_norm, uintptr_t max_norm_ptr, uintptr_t out, uintptr_t out_cast, int out_dtype,
-         uintptr_t workspace, uintptr_t status, uintptr_t stream, int sum_bits) {
+         uintptr_t workspace, uintptr_t status, uintptr_t stream, int sum_bits,
+         uint64_t max_norm_count) {
         DecodeArgs a;
+        a.max_norm_count = max_norm_count;
         a.sums = Ptr<const void>(sums);
         a.lane_bits = lane_bits;
         a.sum_bits = sum_bits;
@@ -204,7 +219,8 @@ void RegisterCuda(py::module_& parent) {
       py::arg("code"), py::arg("sums"), py::arg("lane_bits"), py::arg("num_workers"), py::arg("d"),
       py::arg("max_norm"), py::arg("max_norm_ptr"), py::arg("out"), py::arg("out_cast"),
       py::arg("out_dtype"), py::arg("workspace"), py::arg("status"), py::arg("stream"),
-      py::arg("sum_bits") = 0);
+      py::arg("sum_bits") = 0, py::arg("max_norm_count") = 0,
+      "with block_scale max_norm_ptr holds M_k of each rotation block (max_norm_count of them)");
 }
 
 }  // namespace thc_python

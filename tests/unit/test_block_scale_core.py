@@ -126,9 +126,3 @@ def test_refusals_keep_the_state():
     c = _C.core_config(cfg)
     c.rotation_block = 16
     assert "block_scale needs rotation blocks of at least 32" in _C.validate(c)
-
-
-def test_the_cuda_codec_refuses_it_by_name():
-    from byteps_thc.thc import cuda
-    with pytest.raises(ValueError, match="block_scale=True .* not implemented in the CUDA kernels"):
-        cuda.CudaCodec(ThcConfig(block_scale=True), 1000)

@@ -7,6 +7,7 @@ value lies within float rounding of a level boundary (counted and bounded), sums
 within float tolerance (in fact bit-exact), the rotated error-feedback state (d_pad floats), the
 norm (with error feedback: sqrt(sum y^2 / B)), M = 0, NaN and overflow handling.
 """
+import dataclasses
 import math
 
 import numpy as np
@@ -34,6 +35,29 @@ SIZES = [1, 1000, (1 << 20) + 5, BIG]
 
 
 # -- without a GPU: the build ----------------------------------------------------------------------
+def test_bad_block_norm_names_the_value():
+    """block_scale's max norms checked on the host (CudaCodec before it copies them to the device,
+    and after a device check flagged one): the first bad block and its value are named."""
+    assert thc_cuda._bad_block_norm(np.array([1.0, 0.0, 2.5])) == ""
+    msg = thc_cuda._bad_block_norm(np.array([1.0, 2.0, np.nan, -3.0]))
+    assert msg == ("block_scale: the max norm of block 2 must be finite and >= 0, got nan "
+                   "(and 1 more)")
+    assert "block 0" in thc_cuda._bad_block_norm(np.array([-0.5]))
+    assert thc_cuda._bad_block_norm(np.array([-0.5])).endswith("got -0.5")
+    assert "block 1 " in thc_cuda._bad_block_norm(torch.tensor([1.0, float("inf")],
+                                                                dtype=torch.float64))
+
+
+def test_block_scale_layouts_blocks_of_at_least_32():
+    """block_scale's one-size layout: the core's block, at least 32 (a smaller partition stays
+    one block of next_pow2(d), which the kernels cap the block at)."""
+    bs = ThcConfig(block_scale=True)
+    assert thc_cuda._one_block_size(bs, 10).rotation_block == 32
+    assert thc_cuda._one_block_size(bs, 1000).rotation_block == 1024
+    assert thc_cuda._one_block_size(dataclasses.replace(bs, rotation_block=256),
+                                    40000).rotation_block == 256
+
+
 def test_tiled_partitions_are_refused_by_name():
     """The kernels rotate in blocks of one size: a partition that the core's default rule tiles
     with a smaller last block is refused with the remedy; a one-size layout passes, its block the
@@ -88,6 +112,15 @@ def test_core_config_converts():
     code = _C.cuda.code_from_config(_C.core_config(cfg))
     assert (code.bits, code.granularity, code.rotation_block) == (3, 16, 256)
     assert code.clip == pytest.approx(cfg.clip, rel=0, abs=0)
+    assert not code.block_scale
+    code = _C.cuda.code_from_config(_C.core_config(dataclasses.replace(cfg, block_scale=True)))
+    assert code.block_scale
+    # one max norm per rotation block: 40000 values in blocks of 256 pad to 157 blocks
+    assert _C.cuda.num_blocks(code, 40000) == 157 == R.num_blocks(
+        dataclasses.replace(cfg, block_scale=True), 40000)
+    with pytest.raises(ValueError, match="block_scale needs rotation blocks of at least 32 "
+                                         "coordinates, got rotation_block=16"):
+        _C.cuda.Code(2, 3, 2.0, 1, 16, [0, 1, 2, 3], block_scale=True)
 
 
 # -- helpers -------------------------------------------------------------------------------------
@@ -105,11 +138,17 @@ def _inputs(d, seed, dtype, cfg=None):
 
 
 def _reference_levels(cfg, x, res, m, rank, step):
-    """t_j, p_j and u_j of the reference encode (docs/ALGORITHM.md steps 2-5)."""
+    """t_j, p_j and u_j of the reference encode (docs/ALGORITHM.md steps 2-5); with block_scale
+    m holds M_k of each block (blocks of one size here), each block a partition of d_pad = B."""
     geo = R.geometry(cfg, x.size)
     y = R.rotate(cfg, x, res)
     g, T, B, dp = cfg.granularity, cfg.clip, geo.block, geo.padded
-    c1 = np.float32(g / (2.0 * T) * math.sqrt(dp) / m / math.sqrt(B))
+    if cfg.block_scale:
+        mk = np.asarray(m, dtype=np.float64)
+        c1 = np.repeat(np.where(mk > 0, g / (2.0 * T) * math.sqrt(B) / np.where(mk > 0, mk, 1.0)
+                                / math.sqrt(B), 0.0).astype(np.float32), B)
+    else:
+        c1 = np.float32(g / (2.0 * T) * math.sqrt(dp) / m / math.sqrt(B))
     t = np.minimum(np.maximum(y * c1 + np.float32(g / 2.0), np.float32(0)), np.float32(g))
     tbl, lvl, ig = R._tables(cfg)
     i = np.minimum(lvl[t.astype(np.int64)], tbl.size - 2)
@@ -387,6 +426,75 @@ def test_public_api_keeps_cuda_tensors_on_the_device():
     assert torch.equal(ref, sums)
 
 
+# -- block_scale: one max norm per rotation block ----------------------------------------------
+@needs_gpu
+@pytest.mark.parametrize("d,block,ef,dtype", [
+    (300_001, 1 << 14, True, "float32"), (70_001, 1024, False, "bfloat16"),
+    ((1 << 20) + 5, 1 << 16, True, "float32"), (5000, 32, True, "float16")])
+def test_block_scale_matches_reference(d, block, ef, dtype):
+    """CudaCodec with block_scale: the block norms (a NumPy array), the encode with host M_k (one
+    of them 0), the decode with M_k on the device, against reference.py's block functions under
+    the rules of the one-norm tests above."""
+    cfg = ThcConfig(rotation_block=block, block_scale=True, error_feedback=ef)
+    x, xt, res = _inputs(d, d + 1, dtype, cfg)
+    res = res if ef else None
+    nb = R.num_blocks(cfg, d)
+    enc = thc_cuda.CudaCodec(cfg, d, 5)
+    assert enc.blocks == nb
+    if ef:
+        enc.residual.copy_(torch.from_numpy(res))
+    norms = enc.norm(xt.cuda())
+    assert isinstance(norms, np.ndarray) and norms.shape == (nb,)
+    want_norms = R.block_norms(x, res, cfg)
+    np.testing.assert_allclose(norms, want_norms, rtol=1e-9)
+    m = want_norms * np.random.default_rng(d).uniform(1.0, 1.5, nb)
+    m[nb // 2] = 0.0
+    payload = enc.encode(xt.cuda(), m).cpu().numpy()
+    assert enc.step == 1
+    want_p, want_r, want_q = R.encode(cfg, x, m, 5, 0, res)
+    if _compare_indices(cfg, payload, want_q, x, res, m, 5, 0) == 0:
+        assert np.array_equal(payload, want_p)
+        if ef:
+            got_r = enc.residual.cpu().numpy()
+            assert np.array_equal(got_r.view(np.uint32), want_r.view(np.uint32))
+    sums = R.aggregate(cfg, [want_p] * 3, d, 3)
+    got = enc.decode(torch.from_numpy(sums).cuda(), torch.from_numpy(m).cuda(), 3).cpu().numpy()
+    want = R.decode(cfg, sums, d, 3, m)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7 * m.max())
+    assert np.count_nonzero(got.view(np.uint32) == want.view(np.uint32)) >= 0.999 * d
+
+
+@needs_gpu
+def test_block_scale_refusals_name_the_value():
+    """A wrong number of M_k, one number, or a bad M_k (on the host: before anything runs; on the
+    device: found by the kernels' check) raise ValueError naming the block and its value; the
+    step and the residual are unchanged."""
+    cfg = ThcConfig(rotation_block=1024, block_scale=True)
+    d = 5000  # 5 blocks
+    enc = thc_cuda.CudaCodec(cfg, d)
+    x = torch.from_numpy(np.random.default_rng(0).standard_normal(d).astype(np.float32)).cuda()
+    enc.norm(x)
+    with pytest.raises(ValueError, match=r"one max norm per rotation block \(5\), got shape "
+                                         r"\(4,\)"):
+        enc.encode(x, np.ones(4))
+    with pytest.raises(ValueError, match=r"\(5\), got a number"):
+        enc.encode(x, 1.0)
+    m = np.ones(5)
+    m[3] = np.nan
+    with pytest.raises(ValueError, match="the max norm of block 3 must be finite and >= 0, "
+                                         "got nan"):
+        enc.encode(x, m)
+    dev = torch.ones(5, dtype=torch.float64, device="cuda")
+    dev[2] = -1.0
+    with pytest.raises(ValueError, match="the max norm of block 2 must be finite and >= 0, "
+                                         "got -1.0"):
+        enc.encode(x, dev)
+    assert enc.step == 0 and not enc.residual.any()
+    sums = torch.zeros(enc.padded, dtype=torch.uint8, device="cuda")
+    with pytest.raises(ValueError, match="block 2 must be finite"):
+        enc.decode(sums, dev, 1)
+
+
 # -- without a GPU: the kernels' own code under a CPU emulation ------------------------------------
 # csrc/thc/cuda/emulate.h runs tile.cuh's kernels with one std::thread per CUDA thread and a barrier
 # for __syncthreads; launch.cu (planning, passes, chunks) and the bindings are compiled unchanged.
@@ -547,6 +655,221 @@ def test_emulated_kernels_bit_exact(emu, case):
     k.decode(code, packed.ctypes.data, 0, n, d, m, 0, out_p.ctypes.data, 0, k.FLOAT32, wsp, 0, 0,
              sum_bits=w)
     assert np.array_equal(out_p.view(np.uint32), want.view(np.uint32))
+
+
+# block_scale: one max norm per rotation block. Blocks of one size (the last one padded when d is
+# not a multiple of the block: the CPU core's geometry for a given rotation_block), many blocks to
+# a 2^12 tile, two to a 2^14 tile, one tile of a block, blocks of several passes and chunks.
+BLOCK_CASES = [
+    dict(d=10), dict(d=1000, block=32), dict(d=1000, block=32, ef=False),
+    dict(d=5000, block=256, bits=3), dict(d=9000, block=1024, ef=False),
+    dict(d=10000, block=4096, dtype="bfloat16"), dict(d=3000, block=512, dtype="float16"),
+    dict(d=20000, block=8192), dict(d=20000, block=8192, ef=False, bits=8),
+    dict(d=40001, block=1 << 15, kw=dict(fused_max_log=12, column_max_bits=2)),
+    dict(d=40001, block=1 << 15, ef=False, dtype="float16",
+         kw=dict(fused_max_log=12, column_max_bits=2)),
+    dict(d=(1 << 16) + 77, block=1 << 15, kw=dict(chunk_log=16)),
+    dict(d=(1 << 16) + 5, block=1 << 15, bits=2, ef=False, kw=dict(chunk_log=15)),
+]
+
+
+def _block_case(k, case):
+    """(cfg, code, x as float32, grad buffer, dtype code, residual or None) of a block_scale case;
+    the input's blocks differ in scale by decades (a bucket's layers), its last block is partial."""
+    d, bits, block = case["d"], case.get("bits", 4), case.get("block")
+    ef, dtype = case.get("ef", True), case.get("dtype", "float32")
+    cfg = ThcConfig(bits=bits, granularity=max(30, (1 << bits) - 1), rotation_block=block,
+                    error_feedback=ef, block_scale=True)
+    code = _emu_code(k, cfg, **case.get("kw", {}))
+    geo = R.geometry(cfg, d)
+    rng = np.random.default_rng(d + bits)
+    blk = np.arange(d) // geo.block
+    x = (rng.standard_normal(d) * 10.0 ** ((blk % 4) - 2.0)).astype(np.float32)
+    xt = torch.from_numpy(x).to(DTYPES[dtype])
+    res = (rng.standard_normal(geo.padded) * 0.01 * math.sqrt(geo.block)).astype(np.float32)
+    xin, dt = _emu_grad(k, xt, dtype)
+    return cfg, code, xt.float().numpy(), xin, dt, res if ef else None
+
+
+def _emu_block_norms(k, code, xin, dt, r, d, wsp, count):
+    out = np.full(count, np.nan, np.float64)
+    status = np.full(1, 0x70, np.int32)
+    k.norm(code, xin.ctypes.data, dt, 0 if r is None else r.ctypes.data, d, out.ctypes.data, wsp,
+           status.ctypes.data, 0, norm_count=count)
+    return out, int(status[0])
+
+
+@pytest.mark.parametrize("case", BLOCK_CASES,
+                         ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()))
+def test_emulated_block_scale_bit_exact(emu, case):
+    """block_scale through the kernels' own code: the norm of each block (to 1e-12), and, with
+    one M_k per block (one of them 0), payload, rotated state, decode and its bf16 cast, and the
+    decode of the published stream, bit for bit against reference.py's block functions."""
+    k = emu
+    cfg, code, x, xin, dt, res = _block_case(k, case)
+    d = x.size
+    geo = R.geometry(cfg, d)
+    nb = R.num_blocks(cfg, d)
+    assert k.num_blocks(code, d) == nb == geo.padded // geo.block
+    ws, wsp = _aligned_workspace(k, code, d)
+    norms, st = _emu_block_norms(k, code, xin, dt, res, d, wsp, nb)
+    assert st == 0
+    want_norms = R.block_norms(x, res, cfg)
+    np.testing.assert_allclose(norms, want_norms, rtol=1e-12, atol=0)
+    # the norm round's max over workers: at least each block's own norm; one block's is 0 (its
+    # indices are 0, its state keeps y, it decodes to +0) where there are several
+    m = want_norms * np.random.default_rng(nb).uniform(1.0, 1.5, nb)
+    if nb > 1:
+        m[nb // 2] = 0.0
+    m_dev = np.ascontiguousarray(m, np.float64)
+    payload = np.full(geo.payload_bytes, 0xAB, np.uint8)
+    r = None if res is None else res.copy()
+    status = np.zeros(1, np.int32)
+    k.encode(code, xin.ctypes.data, dt, 0 if r is None else r.ctypes.data, d, 3, 2, 0.0,
+             m_dev.ctypes.data, payload.ctypes.data, wsp, status.ctypes.data, 0,
+             max_norm_count=nb)
+    assert status[0] == 0
+    want_p, want_r, _ = R.encode(cfg, x, m, 3, 2, res)
+    assert np.array_equal(payload, want_p)
+    if res is not None:
+        assert np.array_equal(r.view(np.uint32), want_r.view(np.uint32))
+    n = 3
+    sums = R.aggregate(cfg, [want_p] * n, d, n)
+    out = np.full(d, np.nan, np.float32)
+    cast = np.zeros(d, np.uint16)
+    k.decode(code, sums.ctypes.data, cfg.lane_bits(n), n, d, 0.0, m_dev.ctypes.data,
+             out.ctypes.data, cast.ctypes.data, k.BFLOAT16, wsp, status.ctypes.data, 0,
+             max_norm_count=nb)
+    assert status[0] == 0
+    want = R.decode(cfg, sums, d, n, m)
+    assert np.array_equal(out.view(np.uint32), want.view(np.uint32))
+    if nb > 1:  # the block of M_k = 0: +0 (not a signed zero)
+        lo = (nb // 2) * geo.block
+        assert not out[lo:lo + geo.block].view(np.uint32).any()
+    want_cast = torch.from_numpy(want).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+    assert np.array_equal(cast, want_cast)
+    w = R.sum_bits(cfg, n)
+    packed = R.pack_sums(sums, w)  # held: the kernels read it through a raw pointer
+    out_p = np.zeros(d, np.float32)
+    k.decode(code, packed.ctypes.data, 0, n, d, 0.0, m_dev.ctypes.data,
+             out_p.ctypes.data, 0, k.FLOAT32, wsp, 0, 0, sum_bits=w, max_norm_count=nb)
+    assert np.array_equal(out_p.view(np.uint32), want.view(np.uint32))
+
+
+def test_emulated_block_scale_of_one_block_is_the_one_norm_encode(emu):
+    """A partition of one block: block_scale with M_0 = M (one scale segment, the same kernel)
+    gives the one-norm encode's payload and state, both the reference's bit for bit."""
+    k = emu
+    d = 3000
+    one = ThcConfig(rotation_block=4096)
+    bs = dataclasses.replace(one, block_scale=True)
+    x, xt, res = _inputs(d, 11, "float32", one)
+    m = R.norm(x, res, one)
+    ws, wsp = _aligned_workspace(k, _emu_code(k, one), d)
+    outs = []
+    for cfg in (one, bs):
+        code = _emu_code(k, cfg)
+        payload = np.zeros(R.geometry(cfg, d).payload_bytes, np.uint8)
+        r = res.copy()
+        m_dev = np.array([m], np.float64)
+        status = np.zeros(1, np.int32)
+        k.encode(code, x.ctypes.data, k.FLOAT32, r.ctypes.data, d, 1, 4, m, m_dev.ctypes.data,
+                 payload.ctypes.data, wsp, status.ctypes.data, 0,
+                 max_norm_count=1 if cfg.block_scale else 0)
+        assert status[0] == 0
+        outs.append((payload, r))
+    want_p, want_r, _ = R.encode(one, x, m, 1, 4, res)
+    for payload, r in outs:
+        assert np.array_equal(payload, want_p)
+        assert np.array_equal(r.view(np.uint32), want_r.view(np.uint32))
+
+
+@pytest.mark.parametrize("d,block,kw", [(1000, 256, {}), (20000, 1024, {}),
+                                        (40001, 1 << 15, dict(fused_max_log=12,
+                                                              column_max_bits=2))])
+def test_emulated_block_scale_refusals(emu, d, block, kw):
+    """block_scale's max norms: a wrong count (or none on the device) is refused by the launcher,
+    naming both lengths; a non-finite or negative M_k anywhere flags the status word and leaves
+    payload, state and output untouched (the check before the tile kernels); a huge M_k with
+    error feedback (k1 = Inf) flags an overflow and writes nothing; without error feedback that
+    scale is unused and the payload is the reference's. The norm's count is checked alike."""
+    k = emu
+    cfg = ThcConfig(rotation_block=block, block_scale=True)
+    code = _emu_code(k, cfg, **kw)
+    geo = R.geometry(cfg, d)
+    nb = R.num_blocks(cfg, d)
+    x = np.random.default_rng(d).standard_normal(d).astype(np.float32)
+    r = np.ones(geo.padded, np.float32)
+    payload = np.full(geo.payload_bytes, 7, np.uint8)
+    ws, wsp = _aligned_workspace(k, code, d)
+    status = np.zeros(1, np.int32)
+    good = np.full(nb, 50.0, np.float64)
+
+    def encode(m, count, ef=True, c=code):
+        k.encode(c, x.ctypes.data, k.FLOAT32, r.ctypes.data if ef else 0, d, 0, 0, 0.0,
+                 0 if m is None else m.ctypes.data, payload.ctypes.data, wsp,
+                 status.ctypes.data, 0, max_norm_count=count)
+
+    blocks = f"d={d} in rotation blocks of {geo.block} has {nb} blocks"
+    with pytest.raises(ValueError, match=f"block_scale: max_norm of {nb - 1} values, but {blocks}"
+                                         r" \(one each\)"):
+        encode(good, nb - 1)
+    with pytest.raises(ValueError, match=f"block_scale: max_norm must be a device array of one "
+                                         rf"per rotation block \({blocks}\)"):
+        encode(None, nb)
+    out = np.full(d, 3.0, np.float32)
+    sums = np.zeros(geo.padded, np.uint8)
+    with pytest.raises(ValueError, match=f"max_norm of {nb + 1} values, but {blocks}"):
+        k.decode(code, sums.ctypes.data, 8, 1, d, 0.0, good.ctypes.data, out.ctypes.data, 0,
+                 k.FLOAT32, wsp, status.ctypes.data, 0, max_norm_count=nb + 1)
+    norms = np.zeros(nb, np.float64)
+    with pytest.raises(ValueError, match=f"block_scale: norm of 1 values, but {blocks}"):
+        k.norm(code, x.ctypes.data, k.FLOAT32, r.ctypes.data, d, norms.ctypes.data, wsp,
+               status.ctypes.data, 0, norm_count=1)
+    one = _emu_code(k, dataclasses.replace(cfg, block_scale=False), **kw)
+    with pytest.raises(ValueError, match=f"max_norm of {nb} values, but block_scale is off"):
+        encode(good, nb, c=one)
+    assert (payload == 7).all() and (r == 1).all() and status[0] == 0
+
+    for bad in (float("nan"), float("inf"), -1.0):
+        m = good.copy()
+        m[nb - 1] = bad  # the last block only: every other tile would be fine on its own
+        status[0] = 0
+        encode(m, nb)
+        assert status[0] == k.STATUS_NON_FINITE_NORM, bad
+        assert (payload == 7).all() and (r == 1).all()
+        status[0] = 0
+        k.decode(code, sums.ctypes.data, 8, 1, d, 0.0, m.ctypes.data, out.ctypes.data, 0,
+                 k.FLOAT32, wsp, status.ctypes.data, 0, max_norm_count=nb)
+        assert status[0] == k.STATUS_NON_FINITE_NORM and (out == 3.0).all()
+    m = good.copy()
+    m[0] = 1e300
+    with pytest.raises(ValueError, match="overflow"):
+        R.encode(cfg, x, m, 0, 0, R.initial_residual(cfg, d))
+    status[0] = 0
+    encode(m, nb)
+    assert status[0] == k.STATUS_OVERFLOW and (payload == 7).all() and (r == 1).all()
+    status[0] = 0
+    encode(m, nb, ef=False)
+    assert status[0] == 0
+    nef = dataclasses.replace(cfg, error_feedback=False)
+    assert np.array_equal(payload, R.encode(nef, x, m, 0, 0)[0])
+
+
+def test_emulated_block_scale_nan_input(emu):
+    """A NaN gradient under block_scale: the norm flags it as the input (without error feedback
+    too, where the block norms are the tile kernel without a transform)."""
+    k = emu
+    d = 5000
+    x = np.random.default_rng(3).standard_normal(d).astype(np.float32)
+    x[4321] = np.nan
+    for ef in (True, False):
+        cfg = ThcConfig(rotation_block=1024, block_scale=True, error_feedback=ef)
+        code = _emu_code(k, cfg)
+        r = np.zeros(R.geometry(cfg, d).padded, np.float32) if ef else None
+        _, st = _emu_block_norms(k, code, x, k.FLOAT32, r, d, 0, R.num_blocks(cfg, d))
+        assert st & k.STATUS_NON_FINITE_INPUT
+        assert ef or st == k.STATUS_NON_FINITE_INPUT
 
 
 def test_emulated_decode_refuses_a_sum_width_the_workers_do_not_make(emu):

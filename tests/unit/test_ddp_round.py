@@ -135,9 +135,10 @@ CASES = [pytest.param("cpu", 300_001, 1 << 14, id="cpu-300001"),
 def test_hook_round_is_the_reference(monkeypatch, device, d, block):
     exact = device == "cpu"
     dev = torch.device(device)
-    # the hook's own default for the device: a scale per rotation block on the CPU
-    # (block_scale), one norm a bucket on CUDA (its kernels take one)
+    # the hook's own default for the device: a scale per rotation block (block_scale) on CPU
+    # and CUDA buffers alike
     cfg = dataclasses.replace(default_config(N, device), rotation_block=block)
+    assert cfg.block_scale
     states = _states(monkeypatch, cfg)
     sizes = (d - 1000, 1000)  # two parameters in the bucket
     params = [[torch.empty(s, device=dev) for s in sizes] for _ in range(N)]

@@ -62,13 +62,6 @@ __device__ __forceinline__ void StoreCast(void* out, uint64_t j, float v, int dt
   }
 }
 
-// The max norm M, read where it lives; false if it is not finite or negative.
-__device__ __forceinline__ bool ReadMaxNorm(const double* dev, double host, double* m) {
-  const double v = dev ? *dev : host;
-  *m = v;
-  return v >= 0.0 && v <= 1.7976931348623157e308;  // false for NaN and +Inf
-}
-
 }  // namespace detail
 }  // namespace cuda
 }  // namespace thc

@@ -12,4 +12,7 @@ THC_DEFINE_LAUNCH_TILES_PER_SUM_LANE(Src::kSums, Dst::kOut)
 THC_DEFINE_LAUNCH_TILES_PER_SUM_LANE(Src::kSums, Dst::kScratch)
 THC_DEFINE_LAUNCH_TILES(Src::kScratch, Dst::kOut, float)
 
+// block_scale: the check of every block's M_k first.
+THC_DEFINE_LAUNCH_SCALE_CHECK(Src::kSums, Dst::kOut)
+
 }  // namespace thc::cuda::detail

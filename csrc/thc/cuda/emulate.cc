@@ -2,8 +2,9 @@
 //   g++ -DTHC_CUDA_EMULATE -x c++ rotate.cu encode.cu decode.cu hadamard.cu launch.cu emulate.cc
 //       ../../python/binding_cuda.cc
 // into a module `_thc_cuda_emu` with the same functions as byteps_thc._C.cuda, whose "device
-// pointers" are host pointers. The norm with error feedback (tile kernels) is emulated; the norm
-// without it (norm.cu's grid-stride kernel) and aggregate are not (their launchers fail).
+// pointers" are host pointers. The norm with error feedback and block_scale's norms (tile
+// kernels) are emulated; the one norm without error feedback (norm.cu's grid-stride kernel) and
+// aggregate are not (their launchers fail).
 #ifdef THC_CUDA_EMULATE
 #include <pybind11/pybind11.h>
 
@@ -16,13 +17,13 @@ namespace cuda {
 namespace detail {
 
 cudaError_t LaunchNormKernels(const NormArgs&, cudaStream_t) { return cudaErrorNotSupported; }
-cudaError_t NormBegin(double* norm, int* status, cudaStream_t) {
-  *norm = 0.0;
+cudaError_t NormBegin(double* norm, uint64_t count, int* status, cudaStream_t) {
+  for (uint64_t k = 0; k < count; ++k) norm[k] = 0.0;
   *status = 0;
   return cudaSuccess;
 }
-cudaError_t NormEnd(double* norm, double block, cudaStream_t) {
-  *norm = std::sqrt(*norm / block);
+cudaError_t NormEnd(double* norm, uint64_t count, double block, cudaStream_t) {
+  for (uint64_t k = 0; k < count; ++k) norm[k] = std::sqrt(norm[k] / block);
   return cudaSuccess;
 }
 cudaError_t LaunchAggregateKernel(const Code&, const AggregateArgs&, uint64_t, cudaStream_t) {

@@ -13,4 +13,7 @@ THC_DEFINE_LAUNCH_TILES_PER_GRAD_TYPE(Src::kGrad, Dst::kQuant)
 // Larger blocks: the last pass (high bits) into the payload and the state.
 THC_DEFINE_LAUNCH_TILES(Src::kScratch, Dst::kQuant, float)
 
+// block_scale: the check of every block's M_k (and, with error feedback, its k1/k0) first.
+THC_DEFINE_LAUNCH_SCALE_CHECK(Src::kGrad, Dst::kQuant)
+
 }  // namespace thc::cuda::detail

@@ -8,6 +8,9 @@
 //            through a workspace of one chunk (max(2^22, B) floats), chunk by chunk.
 // The encode and the norm with error feedback run the same passes; the rotated state r is added
 // in the last one (and rewritten there by the encode).
+// With block_scale every kernel reads the M_k of its tile's blocks (tile.cuh, "Scales"), the
+// encode and decode start with a check of all of them, and the norm without error feedback is
+// the tile kernel without a transform (a sum of grad^2 per block).
 #include <cmath>
 #include <string>
 #include <type_traits>
@@ -97,8 +100,10 @@ void BaseParams(const Code& code, const Geometry& g, TileParams* p) {
   p->levels = 1 << code.bits;
   p->granularity = code.granularity;
   p->clip = code.clip;
-  p->sqrt_padded = std::sqrt(static_cast<double>(g.padded));
+  // block_scale: each block is a partition of its own (d_pad = B) with its own M_k
+  p->sqrt_padded = std::sqrt(static_cast<double>(code.block_scale ? g.block : g.padded));
   p->sqrt_block = std::sqrt(static_cast<double>(g.block));
+  p->scale_log = code.block_scale ? g.log_block : 63;
   p->sign_key = detail::SignKey(code.seed);
   const int K = 1 << code.bits;
   for (int i = 0; i < 256; ++i) {
@@ -224,6 +229,53 @@ cudaError_t DecodeT(const Code& code, const Geometry& g, TileParams* p, const De
   });
 }
 
+// block_scale without error feedback: sum_{j<d} grad_j^2 of each block, the tile kernel without
+// a transform (row tiles of 2^12 over d_pad, no workspace, no chunks).
+template <typename T>
+cudaError_t BlockSquaresT(const Geometry& g, TileParams* p, const void* grad, cudaStream_t stream) {
+  const uint64_t tile = uint64_t{1} << detail::kSmallTile;
+  const Pass pass{detail::kSmallTile,
+                  detail::kSmallTile,
+                  detail::kSmallTile,
+                  0,
+                  0,
+                  static_cast<uint32_t>((g.padded + tile - 1) / tile)};
+  p->first = true;
+  p->src = grad;
+  return Tile<Src::kGrad, Dst::kNorm, T>(pass, p, stream);
+}
+
+cudaError_t BlockSquares(const Geometry& g, TileParams* p, DType dtype, const void* grad,
+                         cudaStream_t stream) {
+  switch (dtype) {
+    case kFloat16: return BlockSquaresT<__half>(g, p, grad, stream);
+    case kBFloat16: return BlockSquaresT<__nv_bfloat16>(g, p, grad, stream);
+    default: return BlockSquaresT<float>(g, p, grad, stream);
+  }
+}
+
+// The length of a call's norms (`what`, `count` of them): with block_scale one per rotation
+// block, on the device; without, one (count 0 or 1).
+std::string CheckCount(const Code& code, const Geometry& g, uint64_t count, const void* dev,
+                       const char* what) {
+  if (!code.block_scale) {
+    if (count > 1)
+      return std::string("thc.cuda: ") + what + " of " + std::to_string(count) +
+             " values, but block_scale is off (one max norm a partition)";
+    return "";
+  }
+  const std::string blocks = "d=" + std::to_string(g.d) + " in rotation blocks of " +
+                             std::to_string(g.block) + " has " + std::to_string(g.blocks) +
+                             " blocks";
+  if (!dev)
+    return std::string("thc.cuda: block_scale: ") + what + " must be a device array of one per " +
+           "rotation block (" + blocks + ")";
+  if (count != g.blocks)
+    return std::string("thc.cuda: block_scale: ") + what + " of " + std::to_string(count) +
+           " values, but " + blocks + " (one each)";
+  return "";
+}
+
 std::string CheckSizes(const Code& code, uint64_t d, Geometry* g) {
   const std::string bad = ValidateCode(code);
   if (!bad.empty()) return bad;
@@ -248,6 +300,10 @@ std::string ValidateCode(const Code& code) {
   if (code.rotation_block & (code.rotation_block - 1))
     return "thc.cuda: rotation_block=" + std::to_string(code.rotation_block) +
            " must be 0 or a power of two";
+  if (code.block_scale && code.rotation_block && code.rotation_block < kMinScaleBlock)
+    return "thc.cuda: block_scale needs rotation blocks of at least " +
+           std::to_string(kMinScaleBlock) +
+           " coordinates, got rotation_block=" + std::to_string(code.rotation_block);
   if (code.fused_max_log != detail::kSmallTile && code.fused_max_log != detail::kLargeTile)
     return "thc.cuda: fused_max_log must be 12 or 14";
   if (code.chunk_log < 15 || code.chunk_log > 32) return "thc.cuda: chunk_log must be in 15..32";
@@ -269,6 +325,7 @@ Geometry MakeGeometry(const Code& code, uint64_t d) {
   g.block = code.rotation_block && code.rotation_block < whole ? code.rotation_block : whole;
   g.padded = (d + g.block - 1) / g.block * g.block;
   g.payload_bytes = (g.padded * static_cast<uint64_t>(code.bits) + 7) / 8;
+  g.blocks = g.padded / g.block;
   g.log_block = Log2(g.block);
   return g;
 }
@@ -310,14 +367,17 @@ std::string LaunchNorm(const Code& code, const NormArgs& a, cudaStream_t stream)
   if (a.d < 1) return "thc.cuda: a partition needs at least one element (d=0)";
   if (a.dtype != kFloat32 && a.dtype != kFloat16 && a.dtype != kBFloat16)
     return "thc.cuda: unknown dtype " + std::to_string(a.dtype);
-  if (!a.residual) {
+  if (!a.residual && !code.block_scale) {
+    if (a.norm_count > 1) return CheckCount(code, Geometry{}, a.norm_count, a.norm, "norm");
     const cudaError_t err = detail::LaunchNormKernels(a, stream);
     return err == cudaSuccess ? "" : Fail("norm launch", err);
   }
-  // With error feedback: sqrt(sum_j y_j^2 / B), y = Hu(sign * grad) + r.
+  // With error feedback: sqrt(sum_j y_j^2 / B), y = Hu(sign * grad) + r; with block_scale the
+  // sums block by block (without error feedback of grad_j^2, and no division).
   Geometry g;
   std::string bad = CheckSizes(code, a.d, &g);
-  if (bad.empty()) bad = CheckWorkspace(code, g, a.workspace, "norm");
+  if (bad.empty()) bad = CheckCount(code, g, a.norm_count, a.norm, "norm");
+  if (bad.empty() && a.residual) bad = CheckWorkspace(code, g, a.workspace, "norm");
   if (!bad.empty()) return bad;
   TileParams p;
   BaseParams(code, g, &p);
@@ -325,10 +385,13 @@ std::string LaunchNorm(const Code& code, const NormArgs& a, cudaStream_t stream)
   p.status_out = a.status;
   p.res_in = a.residual;
   p.norm_acc = a.norm;
-  cudaError_t err = detail::NormBegin(a.norm, a.status, stream);
-  if (err == cudaSuccess)
+  const uint64_t count = code.block_scale ? g.blocks : 1;
+  cudaError_t err = detail::NormBegin(a.norm, count, a.status, stream);
+  if (err == cudaSuccess && a.residual)
     err = RotateDispatch<Dst::kNorm>(code, g, &p, a.dtype, a.grad, nullptr, a.workspace, stream);
-  if (err == cudaSuccess) err = detail::NormEnd(a.norm, static_cast<double>(g.block), stream);
+  else if (err == cudaSuccess) err = BlockSquares(g, &p, a.dtype, a.grad, stream);
+  const double divisor = a.residual ? static_cast<double>(g.block) : 1.0;
+  if (err == cudaSuccess) err = detail::NormEnd(a.norm, count, divisor, stream);
   return err == cudaSuccess ? "" : Fail("norm launch", err);
 }
 
@@ -342,6 +405,7 @@ std::string LaunchEncode(const Code& code, const EncodeArgs& a, cudaStream_t str
   if (a.dtype != kFloat32 && a.dtype != kFloat16 && a.dtype != kBFloat16)
     return "thc.cuda: unknown dtype " + std::to_string(a.dtype);
   bad = CheckWorkspace(code, g, a.workspace, "encode");
+  if (bad.empty()) bad = CheckCount(code, g, a.max_norm_count, a.max_norm_dev, "max_norm");
   if (!bad.empty()) return bad;
   TileParams p;
   BaseParams(code, g, &p);
@@ -352,8 +416,11 @@ std::string LaunchEncode(const Code& code, const EncodeArgs& a, cudaStream_t str
   p.status_out = a.status_out;
   p.res_in = a.residual;
   p.res_out = a.residual;
-  const cudaError_t err =
-      RotateDispatch<Dst::kQuant>(code, g, &p, a.dtype, a.grad, a.payload, a.workspace, stream);
+  cudaError_t err = cudaSuccess;
+  if (code.block_scale)
+    err = detail::LaunchScaleCheck<Src::kGrad, Dst::kQuant>(p, g.blocks, stream);
+  if (err == cudaSuccess)
+    err = RotateDispatch<Dst::kQuant>(code, g, &p, a.dtype, a.grad, a.payload, a.workspace, stream);
   return err == cudaSuccess ? "" : Fail("encode launch", err);
 }
 
@@ -389,6 +456,7 @@ std::string LaunchDecode(const Code& code, const DecodeArgs& a, cudaStream_t str
   if (a.out_cast && a.out_dtype != kFloat32 && a.out_dtype != kFloat16 && a.out_dtype != kBFloat16)
     return "thc.cuda: unknown out_dtype " + std::to_string(a.out_dtype);
   bad = CheckWorkspace(code, g, a.workspace, "decode");
+  if (bad.empty()) bad = CheckCount(code, g, a.max_norm_count, a.max_norm_dev, "max_norm");
   if (!bad.empty()) return bad;
   TileParams p;
   BaseParams(code, g, &p);
@@ -398,7 +466,11 @@ std::string LaunchDecode(const Code& code, const DecodeArgs& a, cudaStream_t str
   p.status = a.status;
   p.status_out = a.status_out;
   p.sum_bits = a.sum_bits;
-  cudaError_t err;
+  cudaError_t err = cudaSuccess;
+  if (code.block_scale) {
+    err = detail::LaunchScaleCheck<Src::kSums, Dst::kOut>(p, g.blocks, stream);
+    if (err != cudaSuccess) return Fail("decode launch", err);
+  }
   switch (a.sum_bits ? 0 : a.lane_bits) {
     case 0: err = DecodeT<PackedSums>(code, g, &p, a, stream); break;
     case 8: err = DecodeT<uint8_t>(code, g, &p, a, stream); break;

@@ -1,7 +1,7 @@
 // byteps-thc CUDA: the norm family (docs/ALGORITHM.md, "Norm"). Without error feedback
 // ||grad||_2, accumulated in binary64 (any order: not bit-exact), and the non-finite flag. With
-// error feedback the norm needs y = Hu(sign * grad) + r: tile kernels (rotate.cu) accumulate the
-// sum of y^2 between NormBegin and NormEnd, both here.
+// error feedback (or with block_scale, one norm per block) the tile kernels (rotate.cu) accumulate
+// the sums of y^2 between NormBegin and NormEnd, both here.
 #include "common.cuh"
 #include "kernels.cuh"
 
@@ -40,7 +40,12 @@ __global__ void __launch_bounds__(kNormThreads)
   }
 }
 
-__global__ void NormFinalize(double* norm, double block) { *norm = sqrt(*norm / block); }
+__global__ void NormFinalize(double* norm, uint64_t count, double block) {
+  const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
+  for (uint64_t k = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; k < count;
+       k += stride)
+    norm[k] = sqrt(norm[k] / block);
+}
 
 template <typename T>
 cudaError_t LaunchNormT(const NormArgs& a, int blocks, cudaStream_t stream) {
@@ -49,19 +54,21 @@ cudaError_t LaunchNormT(const NormArgs& a, int blocks, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-cudaError_t NormBegin(double* norm, int* status, cudaStream_t stream) {
+cudaError_t NormBegin(double* norm, uint64_t count, int* status, cudaStream_t stream) {
   cudaError_t err = cudaMemsetAsync(status, 0, sizeof(int), stream);
-  if (err == cudaSuccess) err = cudaMemsetAsync(norm, 0, sizeof(double), stream);
+  if (err == cudaSuccess) err = cudaMemsetAsync(norm, 0, count * sizeof(double), stream);
   return err;
 }
 
-cudaError_t NormEnd(double* norm, double block, cudaStream_t stream) {
-  NormFinalize<<<1, 1, 0, stream>>>(norm, block);
+cudaError_t NormEnd(double* norm, uint64_t count, double block, cudaStream_t stream) {
+  const uint64_t want = (count + kNormThreads - 1) / kNormThreads;
+  const int blocks = static_cast<int>(want < 1024 ? (want > 0 ? want : 1) : 1024);
+  NormFinalize<<<blocks, kNormThreads, 0, stream>>>(norm, count, block);
   return cudaGetLastError();
 }
 
 cudaError_t LaunchNormKernels(const NormArgs& a, cudaStream_t stream) {
-  cudaError_t err = NormBegin(a.norm, a.status, stream);
+  cudaError_t err = NormBegin(a.norm, 1, a.status, stream);
   if (err != cudaSuccess) return err;
   // Enough blocks to fill any current GPU a few times over; each then loops.
   const uint64_t want = (a.d + kNormThreads * 8 - 1) / (kNormThreads * 8);
@@ -72,7 +79,7 @@ cudaError_t LaunchNormKernels(const NormArgs& a, cudaStream_t stream) {
     default: err = LaunchNormT<float>(a, blocks, stream); break;
   }
   if (err != cudaSuccess) return err;
-  return NormEnd(a.norm, 1.0, stream);
+  return NormEnd(a.norm, 1, 1.0, stream);
 }
 
 }  // namespace detail

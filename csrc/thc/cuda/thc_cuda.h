@@ -10,7 +10,8 @@
 //   LaunchNorm clears it, then sets kStatusNonFiniteInput if some grad_j is not finite and, with
 //   error feedback (where it computes y = Hu(sign * grad) + r), kStatusOverflow if some y_j is not.
 //   LaunchEncode / LaunchDecode write nothing when the status word is non-zero on entry, or when
-//   the max norm (read on the device) is not finite (then they set kStatusNonFiniteNorm).
+//   the max norm (read on the device) is not finite (then they set kStatusNonFiniteNorm); with
+//   Code::block_scale, when any block's M_k is not (see EncodeArgs).
 //   LaunchEncode also flags what it finds itself (kStatusNonFiniteInput, kStatusOverflow); see
 //   EncodeArgs for what it has written by then.
 // The caller reads the word when it needs to know (byteps_thc/cuda.py does, once per step).
@@ -41,6 +42,11 @@ struct Code {
   uint64_t seed = 42;
   uint64_t rotation_block = 0;  // 0 = whole partition
   uint32_t table[256] = {};     // 2^bits levels
+  // A scale per rotation block (docs/ALGORITHM.md, "A scale per rotation block"): the norm
+  // writes one norm per block, encode and decode take one max norm M_k per block (Geometry::
+  // blocks of them, in order, on the device), each block quantised as a partition of its own
+  // (d_pad = B). Needs rotation_block 0 (one block) or >= kMinScaleBlock.
+  bool block_scale = false;
   // Pass planning (tests force several passes on small sizes; leave the defaults otherwise):
   int fused_max_log = 14;    // blocks up to 2^this run in one kernel (12 or 14)
   int column_max_bits = 11;  // bits per column pass of a larger block (1..11)
@@ -48,9 +54,13 @@ struct Code {
 };
 // Empty when valid.
 std::string ValidateCode(const Code& code);
+// The least rotation block with a scale of its own (the CPU core's kTileAlign), unless the
+// partition is one block.
+constexpr uint64_t kMinScaleBlock = 32;
 
 struct Geometry {
   uint64_t d = 0, block = 0, padded = 0, payload_bytes = 0;
+  uint64_t blocks = 0;  // rotation blocks, padded / block: the length of block_scale's norms
   int log_block = 0;
 };
 Geometry MakeGeometry(const Code& code, uint64_t d);
@@ -70,12 +80,14 @@ uint64_t WorkspaceFloats(const Code& code, uint64_t d);
 // The norm round's local norm (docs/ALGORITHM.md, "Norm"), accumulated in binary64 in place:
 // without error feedback sqrt(sum_{j<d} grad_j^2); with it sqrt(sum_{j<d_pad} y_j^2 / B) over
 // y = Hu(sign * grad) + r, which takes the transform (and the workspace for blocks above 2^14).
+// With Code::block_scale the same sums block by block: norm[k] of rotation block k.
 struct NormArgs {
   const void* grad = nullptr;  // d elements of `dtype`
   DType dtype = kFloat32;
   const float* residual = nullptr;  // the rotated state r: d_pad floats, or null
   uint64_t d = 0;
-  double* norm = nullptr;      // out
+  double* norm = nullptr;      // out: one double, or with block_scale Geometry::blocks of them
+  uint64_t norm_count = 0;     // block_scale: the doubles at `norm` (must be Geometry::blocks)
   float* workspace = nullptr;  // WorkspaceFloats() floats, with a residual (may be null if 0)
   int* status = nullptr;       // cleared, then kStatusNonFiniteInput / kStatusOverflow
 };
@@ -91,6 +103,13 @@ std::string LaunchNorm(const Code& code, const NormArgs& a, cudaStream_t stream)
 //   when status == status_out). A norm of the same input and state launched before on the
 //   same status word computes the same y and flags it, and then the encode writes nothing at all
 //   (byteps_thc/cuda.py always does so).
+// With Code::block_scale, max_norm_dev holds M_k of every rotation block (max_norm_count of
+// them, which must be Geometry::blocks). A check of all of them runs first and flags a
+// non-finite or negative M_k (kStatusNonFiniteNorm) or, with error feedback, one whose k1/k0
+// are not finite (kStatusOverflow); with status == status_out the encode then writes nothing.
+// (Each tile also checks the M_k it uses and writes nothing with a bad one, so with another
+// status word only the blocks of good M_k are written.) A block of M_k = 0 gets indices 0 and
+// keeps y as its state, as the one-norm encode does for M = 0.
 struct EncodeArgs {
   const void* grad = nullptr;  // d elements of `dtype`
   DType dtype = kFloat32;
@@ -99,8 +118,10 @@ struct EncodeArgs {
   uint64_t d = 0;
   uint32_t rank = 0;
   uint64_t step = 0;
-  const double* max_norm_dev = nullptr;  // M on the device (e.g. after an all-reduce max), or null
+  const double* max_norm_dev = nullptr;  // M on the device (e.g. after an all-reduce max), or null;
+                                         // block_scale: M_k of each block (required)
   double max_norm = 0;                   // M when max_norm_dev is null
+  uint64_t max_norm_count = 0;           // block_scale: the doubles at max_norm_dev
   uint8_t* payload = nullptr;            // out: payload_bytes
   float* workspace = nullptr;            // WorkspaceFloats() floats (may be null when that is 0)
   const int* status = nullptr;           // skip everything when *status != 0 (null: no check)
@@ -120,6 +141,9 @@ struct AggregateArgs {
 };
 std::string LaunchAggregate(const Code& code, const AggregateArgs& a, cudaStream_t stream);
 
+// With Code::block_scale, max_norm_dev holds M_k of every rotation block (max_norm_count of
+// them, Geometry::blocks), checked as the encode checks them (kStatusNonFiniteNorm); a block of
+// M_k = 0 decodes to +0.
 struct DecodeArgs {
   const void* sums = nullptr;  // d_pad lanes of lane_bits, or the packed stream (sum_bits)
   int lane_bits = 8;
@@ -127,10 +151,11 @@ struct DecodeArgs {
                      // each, LSB first (what a worker pulls); lane_bits is then not read
   uint32_t num_workers = 1;
   uint64_t d = 0;
-  const double* max_norm_dev = nullptr;
+  const double* max_norm_dev = nullptr;  // block_scale: M_k of each block (required)
   double max_norm = 0;
-  float* out = nullptr;      // d floats (may be null when out_cast is given)
-  void* out_cast = nullptr;  // optional: d elements of out_dtype as well (rounded to nearest)
+  uint64_t max_norm_count = 0;  // block_scale: the doubles at max_norm_dev
+  float* out = nullptr;         // d floats (may be null when out_cast is given)
+  void* out_cast = nullptr;     // optional: d elements of out_dtype as well (rounded to nearest)
   DType out_dtype = kFloat32;
   float* workspace = nullptr;
   const int* status = nullptr;

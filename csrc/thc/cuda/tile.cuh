@@ -21,6 +21,13 @@
 //   Dst::kOut     out = sign * w, fp32 and optionally the input dtype (decode, last kernel)
 // The error-feedback state r is kept rotated (docs/ALGORITHM.md, "Error-feedback state"): it is
 // added after the transform and rewritten as it is, so the encode runs one transform.
+//
+// Scales. A "scale segment" is the run of coordinates that share one max norm: the whole
+// partition (one M), or with block_scale one rotation block (M_k, and the norm's sum of y^2 per
+// block). Segment of coordinate j: (j_base + j) >> scale_log (scale_log 63 for one M: always
+// segment 0). A tile holds one segment, or, a row tile of blocks smaller than itself, up to
+// kMaxSegments; each kernel first reads the M of its tile's segments and derives their scales
+// (SegmentScale) into shared memory, so one M is the case of a single segment, not another path.
 #pragma once
 
 #include <atomic>
@@ -40,12 +47,23 @@ constexpr int kSmallTile = 12;
 constexpr int kLargeTile = 14;
 constexpr int kLogE = 4;  // bits per register pass
 constexpr int kE = 1 << kLogE;
+// Scale segments one tile may hold: a 2^12 tile of blocks of kMinScaleBlock (a 2^14 tile holds
+// blocks of 2^13 or more, or lies within one block); one-block partitions hold one.
+constexpr int kMaxSegments = (1 << kSmallTile) / static_cast<int>(kMinScaleBlock);
 
 enum class Src : int { kGrad = 0, kScratch = 1, kSums = 2 };
 // Src::kSums's lane type for the server's published stream (docs/ALGORITHM.md, "Publish"):
 // sums of TileParams::sum_bits bits each, LSB first, packed without gaps.
 struct PackedSums {};
 enum class Dst : int { kScratch = 0, kQuant = 1, kNorm = 2, kOut = 3 };
+
+// The scales of one scale segment, derived from its M (SegmentScale).
+struct SegScale {
+  float c1, c0;  // Dst::kQuant: t = y * c1 + c0 (both 0 for M = 0: every index 0);
+                 // Src::kSums: z = S * c1 + c0
+  float k1, k0;  // Dst::kQuant with error feedback: dequant = TBL[q] * k1 + k0 (0 for M = 0)
+  int live;      // M > 0 (Dst::kOut: a segment of M = 0 decodes to +0)
+};
 
 struct TileParams {
   // tile geometry
@@ -71,14 +89,17 @@ struct TileParams {
   int bits = 4, levels = 16;
   uint32_t granularity = 30;
   double clip = 0;
+  // sqrt of the scale's d_pad (the partition's; with block_scale the block's: each block is a
+  // partition of its own) and of the rotation block
   double sqrt_padded = 0, sqrt_block = 0;
+  int scale_log = 63;  // segment of coordinate j: (j_base + j) >> scale_log (see the top)
   uint32_t num_workers = 1;
   int sum_bits = 0;  // Src::kSums with PackedSums: the width of one sum, 1..32
   uint32_t sign_key = 0, round_key = 0;
-  const double* max_norm_dev = nullptr;
-  double max_norm = 0;
-  const int* status = nullptr;  // skip the kernel when *status != 0 (null: no check)
-  int* status_out = nullptr;    // where flags are recorded (may be null)
+  const double* max_norm_dev = nullptr;  // M of segment k at [k] (one M: [0]), or null
+  double max_norm = 0;                   // M of every segment when max_norm_dev is null
+  const int* status = nullptr;           // skip the kernel when *status != 0 (null: no check)
+  int* status_out = nullptr;             // where flags are recorded (may be null)
   uint32_t table[256];
   float inv_gap[256];  // IG[i] = float(1 / (TBL[i+1] - TBL[i])) (binary64, rounded once)
 };
@@ -89,8 +110,10 @@ struct TileTraits {
   // One float of padding every 32 keeps the register passes and the 8-wide groups free of bank
   // conflicts.
   static constexpr int kSmemFloats = kTile + kTile / 32;
-  // Then 2 KiB: the table and 1/gap (Dst::kQuant), or 256 binary64 partial sums (Dst::kNorm).
-  static constexpr size_t kSmemBytes = kSmemFloats * sizeof(float) + 256 * 8;
+  // Then 2 KiB: the table and 1/gap (Dst::kQuant), or 256 binary64 partial sums (Dst::kNorm);
+  // then the scales of the tile's segments.
+  static constexpr size_t kSmemBytes =
+      kSmemFloats * sizeof(float) + 256 * 8 + kMaxSegments * sizeof(SegScale);
 };
 
 __device__ __forceinline__ uint32_t Pad(uint32_t l) { return l + (l >> 5); }
@@ -153,6 +176,38 @@ __device__ __forceinline__ void Flag(int* status, int bit) {
   if (status) atomicOr(status, bit);
 }
 
+// The scales kernel <S, D> derives from M, the max norm of one scale segment (docs/ALGORITHM.md,
+// encode steps 3-7 and decode, with d_pad = the segment's). Returns 0, or the flag that refuses
+// M: kStatusNonFiniteNorm (M not finite, or negative), kStatusOverflow (Dst::kQuant with error
+// feedback: k1 or k0 not finite, a huge M, so every new r_j of the segment would be).
+template <Src S, Dst D>
+__device__ __forceinline__ int SegmentScale(const TileParams& p, double M, SegScale* sc) {
+  sc->c1 = sc->c0 = sc->k1 = sc->k0 = 0.f;
+  sc->live = M > 0.0;
+  if (!(M >= 0.0 && M <= 1.7976931348623157e308)) return kStatusNonFiniteNorm;  // NaN, Inf, < 0
+  const double G = static_cast<double>(p.granularity), Tc = p.clip;
+  if constexpr (D == Dst::kQuant) {
+    if (M != 0.0) {
+      sc->c1 = static_cast<float>(G / (2.0 * Tc) * p.sqrt_padded / M / p.sqrt_block);
+      sc->c0 = static_cast<float>(G / 2.0);
+    }
+    sc->k1 = static_cast<float>(2.0 * Tc / G * M / p.sqrt_padded * p.sqrt_block);
+    sc->k0 = static_cast<float>(-Tc * M / p.sqrt_padded * p.sqrt_block);
+    if (p.res_out && !(isfinite(sc->k1) && isfinite(sc->k0))) return kStatusOverflow;
+  }
+  if constexpr (S == Src::kSums) {
+    sc->c1 = static_cast<float>(2.0 * Tc / G / static_cast<double>(p.num_workers) * M /
+                                p.sqrt_padded / p.sqrt_block);
+    sc->c0 = static_cast<float>(-Tc * M / p.sqrt_padded / p.sqrt_block);
+  }
+  return 0;
+}
+
+// M of segment k, read where it lives.
+__device__ __forceinline__ double SegmentNorm(const TileParams& p, uint64_t k) {
+  return p.max_norm_dev ? p.max_norm_dev[k] : p.max_norm;
+}
+
 // Sum j of a decode's source: a lane of type T, or bits [j*w, j*w + w) of the packed stream.
 template <typename T>
 __device__ __forceinline__ uint32_t SumAt(const TileParams& p, uint64_t j) {
@@ -178,22 +233,41 @@ __global__ void __launch_bounds__(kThreads, 4) TileKernel(const __grid_constant_
   uint32_t* tbl = reinterpret_cast<uint32_t*>(s + TileTraits<LT>::kSmemFloats);
   float* ig = reinterpret_cast<float*>(tbl + 256);
   double* partial = reinterpret_cast<double*>(tbl);  // Dst::kNorm: the block's sums (no table)
+  SegScale* seg = reinterpret_cast<SegScale*>(tbl + 512);
 
   // The status word may be flagged by this very launch (another block, or a thread of this one):
   // one vote, so that the whole block returns or none of it does (the barriers below need all).
   if (p.status && __syncthreads_or(*p.status != 0)) return;
-  double M;
-  if (!ReadMaxNorm(p.max_norm_dev, p.max_norm, &M)) {
-    if (p.first && blockIdx.x == 0 && threadIdx.x == 0) Flag(p.status_out, kStatusNonFiniteNorm);
-    return;
-  }
   const TileMap map = MakeMap<LT>(p, blockIdx.x);
   const uint32_t tid = threadIdx.x;
 
+  // The tile's scale segments [seg0, seg0 + nseg) and their scales. A bad M refuses the tile: the
+  // first kernel of a chain records it. With error feedback, k1 or k0 not finite (a huge M)
+  // refuses the encode's tile before anything is written.
+  const uint64_t seg0 = (p.j_base + map(0)) >> p.scale_log;
+  const uint64_t j_end = map(kTile - 1) < p.padded ? map(kTile - 1) : p.padded - 1;
+  const uint32_t nseg = static_cast<uint32_t>(((p.j_base + j_end) >> p.scale_log) - seg0 + 1);
+  int refused = 0, live = 0;
+  for (uint32_t k = tid; k < nseg; k += kThreads) {
+    refused |= SegmentScale<S, D>(p, SegmentNorm(p, seg0 + k), &seg[k]);
+    live |= seg[k].live;
+  }
+  if (__syncthreads_or(refused)) {
+    const int bad_norm = __syncthreads_or(refused & kStatusNonFiniteNorm);
+    if (tid == 0 && (!bad_norm || p.first))
+      Flag(p.status_out, bad_norm ? kStatusNonFiniteNorm : kStatusOverflow);
+    return;
+  }
+  // Segment of the tile's element l (relative to seg0).
+  auto seg_of = [&](uint64_t j) {
+    return static_cast<uint32_t>(((p.j_base + j) >> p.scale_log) - seg0);
+  };
+
   // Decode with M = 0 returns zeros: the first kernel of a chain (a row tile: consecutive
-  // coordinates) writes them, the others return. (Encode with M = 0 runs the whole path: the
-  // payload is zeros and the new state is y, which needs the transform.)
-  if (p.zero_at_m0 && M == 0.0) {
+  // coordinates) writes them, the others return; a tile whose segments all have M = 0 likewise.
+  // (Encode with M = 0 runs the whole path: the payload is zeros and the new state is y, which
+  // needs the transform.)
+  if (p.zero_at_m0 && !__syncthreads_or(live)) {
     if (!p.first) return;
     for (uint32_t l = tid; l < kTile; l += kThreads) {
       const uint64_t j = map(l);
@@ -204,17 +278,7 @@ __global__ void __launch_bounds__(kThreads, 4) TileKernel(const __grid_constant_
     return;
   }
 
-  // Error feedback's scale (docs/ALGORITHM.md, encode step 7): with k1 or k0 not finite (a huge
-  // M) every new r_j is not finite, so the encode is refused before anything is written.
-  float k1 = 0.f, k0 = 0.f;
   if constexpr (D == Dst::kQuant) {
-    const double G = static_cast<double>(p.granularity), Tc = p.clip;
-    k1 = static_cast<float>(2.0 * Tc / G * M / p.sqrt_padded * p.sqrt_block);
-    k0 = static_cast<float>(-Tc * M / p.sqrt_padded * p.sqrt_block);
-    if (p.res_out && !(isfinite(k1) && isfinite(k0))) {
-      if (tid == 0) Flag(p.status_out, kStatusOverflow);
-      return;
-    }
     for (int i = tid; i < 256; i += kThreads) {
       tbl[i] = p.table[i];
       ig[i] = p.inv_gap[i];
@@ -241,15 +305,14 @@ __global__ void __launch_bounds__(kThreads, 4) TileKernel(const __grid_constant_
       const uint64_t j = map(l);
       s[Pad(l)] = j < p.padded ? src[j] : 0.f;
     }
-  } else {  // Src::kSums
-    const double G = static_cast<double>(p.granularity), Tc = p.clip;
-    const float m1 = static_cast<float>(2.0 * Tc / G / static_cast<double>(p.num_workers) * M /
-                                        p.sqrt_padded / p.sqrt_block);
-    const float m0 = static_cast<float>(-Tc * M / p.sqrt_padded / p.sqrt_block);
+  } else {  // Src::kSums: z = S * m1 + m0 with the segment's m1, m0
     for (uint32_t l = tid; l < kTile; l += kThreads) {
       const uint64_t j = map(l);
       float z = 0.f;
-      if (j < p.padded) z = __fadd_rn(__fmul_rn(__uint2float_rn(SumAt<T>(p, j)), m1), m0);
+      if (j < p.padded) {
+        const SegScale& c = seg[seg_of(j)];
+        z = __fadd_rn(__fmul_rn(__uint2float_rn(SumAt<T>(p, j)), c.c1), c.c0);
+      }
       s[Pad(l)] = z;
     }
   }
@@ -264,43 +327,52 @@ __global__ void __launch_bounds__(kThreads, 4) TileKernel(const __grid_constant_
       if (j < p.padded) p.scratch[j] = s[Pad(l)];
     }
   } else if constexpr (D == Dst::kNorm) {
-    double sum = 0.0;
+    // y = w + r back into the tile (coalesced), zeros past d_pad.
     bool bad = false;
     for (uint32_t l = tid; l < kTile; l += kThreads) {
       const uint64_t j = map(l);
-      if (j >= p.padded) continue;
-      float y = s[Pad(l)];
-      if (p.res_in) y = __fadd_rn(y, p.res_in[j]);
-      bad |= !isfinite(y);
-      const double v = static_cast<double>(y);
+      float y = 0.f;
+      if (j < p.padded) {
+        y = s[Pad(l)];
+        if (p.res_in) y = __fadd_rn(y, p.res_in[j]);
+        bad |= !isfinite(y);
+      }
+      s[Pad(l)] = y;
+    }
+    // Without a residual y is the input, whose NaN/Inf the source has flagged as such.
+    const int any_bad = __syncthreads_or(bad) && p.res_in;
+    // Each thread sums y^2 of kRun consecutive elements (one segment: segments hold at least
+    // kMinScaleBlock >= kRun of them), into the table area (not used here); then a tree over the
+    // threads of each segment, and one atomic add per segment.
+    constexpr int kRun = kTile / kThreads;
+    double sum = 0.0;
+    for (int k = 0; k < kRun; ++k) {
+      const double v = static_cast<double>(s[Pad(tid * kRun + k)]);
       sum = __dadd_rn(sum, __dmul_rn(v, v));
     }
-    // The table area (not used here) holds the 256 partial sums; a tree over them.
     partial[tid] = sum;
-    const int any_bad = __syncthreads_or(bad);
-    for (uint32_t half = kThreads / 2; half > 0; half >>= 1) {
-      if (tid < half) partial[tid] = __dadd_rn(partial[tid], partial[tid + half]);
+    __syncthreads();
+    uint32_t per_seg = kThreads;  // threads of one segment
+    if (nseg > 1) per_seg = (1u << p.scale_log) / kRun;
+    for (uint32_t h = 1; h < per_seg; h <<= 1) {
+      if (!(tid & (2 * h - 1))) partial[tid] = __dadd_rn(partial[tid], partial[tid + h]);
       __syncthreads();
     }
-    if (tid == 0) {
-      atomicAdd(p.norm_acc, partial[0]);
-      if (any_bad) Flag(p.status_out, kStatusOverflow);
-    }
+    if (!(tid & (per_seg - 1)) && tid / per_seg < nseg)
+      atomicAdd(p.norm_acc + seg0 + tid / per_seg, partial[tid]);
+    if (tid == 0 && any_bad) Flag(p.status_out, kStatusOverflow);
   } else if constexpr (D == Dst::kOut) {
     for (uint32_t l = tid; l < kTile; l += kThreads) {
       const uint64_t j = map(l);
       if (j < p.d) {
-        const float v = FlipSign(s[Pad(l)], SignMask(p.sign_key, p.j_base + j));
+        // a segment of M = 0 decodes to +0 (a tile of such segments only returned above)
+        const float v =
+            seg[seg_of(j)].live ? FlipSign(s[Pad(l)], SignMask(p.sign_key, p.j_base + j)) : 0.f;
         if (p.out) p.out[j] = v;
         if (p.out_cast) StoreCast(p.out_cast, j, v, p.out_dtype);
       }
     }
   } else {  // Dst::kQuant
-    const double G = static_cast<double>(p.granularity), Tc = p.clip;
-    const bool zero = M == 0.0;  // every index 0, the new state is y
-    const float c1 =
-        zero ? 0.f : static_cast<float>(G / (2.0 * Tc) * p.sqrt_padded / M / p.sqrt_block);
-    const float c0 = static_cast<float>(G / 2.0);
     const float gmax = static_cast<float>(p.granularity);
     const int bits = p.bits, levels = p.levels;
     const bool ef = p.res_out != nullptr;
@@ -311,6 +383,10 @@ __global__ void __launch_bounds__(kThreads, 4) TileKernel(const __grid_constant_
       if (j0 >= p.padded) continue;
       const uint64_t left = p.padded - j0;
       const int nvalid = left < 8 ? static_cast<int>(left) : 8;
+      // the group's scales (8 consecutive coordinates: one segment). With M = 0, c1 = c0 = 0
+      // gives t = 0, so index 0, and k1 = k0 = 0 the new state y - 0 = y.
+      const SegScale& sc = seg[seg_of(j0)];
+      const float c1 = sc.c1, c0 = sc.c0, k1 = sc.k1, k0 = sc.k0;
       float y[8];
 #pragma unroll
       for (int k = 0; k < 8; ++k) y[k] = s[Pad(l + k)];
@@ -333,26 +409,24 @@ __global__ void __launch_bounds__(kThreads, 4) TileKernel(const __grid_constant_
       uint64_t word = 0;
 #pragma unroll
       for (int k = 0; k < 8; ++k) {
-        uint32_t q = 0;
-        if (!zero) {
-          float t = __fadd_rn(__fmul_rn(y[k], c1), c0);
-          t = fminf(fmaxf(t, 0.f), gmax);
-          const uint32_t tk = static_cast<uint32_t>(t);
-          int i = 0;  // largest i with TBL[i] <= trunc(t)
-          for (int step = levels >> 1; step > 0; step >>= 1) {
-            if (tbl[i + step] <= tk) i += step;
-          }
-          if (i > levels - 2) i = levels - 2;
-          const float pr = __fmul_rn(__fsub_rn(t, __uint2float_rn(tbl[i])), ig[i]);
-          q = static_cast<uint32_t>(i) + (Uniform(p.round_key, p.j_base + j0 + k) < pr ? 1u : 0u);
+        float t = __fadd_rn(__fmul_rn(y[k], c1), c0);
+        t = fminf(fmaxf(t, 0.f), gmax);  // a NaN t (Inf * 0) becomes 0
+        const uint32_t tk = static_cast<uint32_t>(t);
+        int i = 0;  // largest i with TBL[i] <= trunc(t)
+        for (int step = levels >> 1; step > 0; step >>= 1) {
+          if (tbl[i + step] <= tk) i += step;
         }
+        if (i > levels - 2) i = levels - 2;
+        const float pr = __fmul_rn(__fsub_rn(t, __uint2float_rn(tbl[i])), ig[i]);
+        const uint32_t q =
+            static_cast<uint32_t>(i) + (Uniform(p.round_key, p.j_base + j0 + k) < pr ? 1u : 0u);
         if (k < nvalid) {
           word |= static_cast<uint64_t>(q) << (k * bits);
           bad |= !isfinite(y[k]);
         }
         if (ef) {
           const float deq = __fadd_rn(__fmul_rn(__uint2float_rn(tbl[q]), k1), k0);
-          const float e = zero ? y[k] : __fsub_rn(y[k], deq);
+          const float e = __fsub_rn(y[k], deq);
           if (k < nvalid) bad |= !isfinite(e);
           s[Pad(l + k)] = e;  // this thread's own elements: written out below, tile by tile
         }
@@ -393,6 +467,28 @@ __global__ void __launch_bounds__(kThreads, 4) TileKernel(const __grid_constant_
 template <int LT, Src S, Dst D, typename T>
 cudaError_t LaunchTile(const TileParams& p, cudaStream_t stream);
 
+// block_scale: the check of all `count` M_k of a call, launched before its tile kernels. Flags
+// what SegmentScale<S, D> refuses (kStatusNonFiniteNorm, kStatusOverflow) into status_out; the
+// tile kernels that follow on the stream read status and skip, so that a bad M_k anywhere
+// leaves every output as it was.
+constexpr int kCheckThreads = 256;
+template <Src S, Dst D>
+__global__ void __launch_bounds__(kCheckThreads)
+    ScaleCheckKernel(const __grid_constant__ TileParams p, uint64_t count) {
+  if (p.status && *p.status != 0) return;
+  int refused = 0;
+  const uint64_t stride = static_cast<uint64_t>(gridDim.x) * kCheckThreads;
+  for (uint64_t k = static_cast<uint64_t>(blockIdx.x) * kCheckThreads + threadIdx.x; k < count;
+       k += stride) {
+    SegScale sc;
+    refused |= SegmentScale<S, D>(p, SegmentNorm(p, k), &sc);
+  }
+  if (refused) Flag(p.status_out, refused);
+}
+
+template <Src S, Dst D>
+cudaError_t LaunchScaleCheck(const TileParams& p, uint64_t count, cudaStream_t stream);
+
 #ifdef THC_CUDA_EMULATE
 #define THC_DEFINE_LAUNCH_TILE(LT, S, D, T)                                \
   template <>                                                              \
@@ -423,6 +519,26 @@ cudaError_t LaunchTile(const TileParams& p, cudaStream_t stream);
     }                                                                                       \
     TileKernel<LT, S, D, T><<<p.num_tiles, kThreads, smem, stream>>>(p);                    \
     return cudaGetLastError();                                                              \
+  }
+#endif
+
+#ifdef THC_CUDA_EMULATE
+#define THC_DEFINE_LAUNCH_SCALE_CHECK(S, D)                                                   \
+  template <>                                                                                 \
+  cudaError_t LaunchScaleCheck<S, D>(const TileParams& p, uint64_t count, cudaStream_t) {     \
+    const unsigned grid = static_cast<unsigned>((count + kCheckThreads - 1) / kCheckThreads); \
+    thc_emu::Launch(grid < 1 ? 1 : grid, kCheckThreads, 0,                                    \
+                    [&p, count] { ScaleCheckKernel<S, D>(p, count); });                       \
+    return cudaSuccess;                                                                       \
+  }
+#else
+#define THC_DEFINE_LAUNCH_SCALE_CHECK(S, D)                                                      \
+  template <>                                                                                    \
+  cudaError_t LaunchScaleCheck<S, D>(const TileParams& p, uint64_t count, cudaStream_t stream) { \
+    const uint64_t want = (count + kCheckThreads - 1) / kCheckThreads;                           \
+    const unsigned grid = static_cast<unsigned>(want < 1 ? 1 : (want < 1024 ? want : 1024));     \
+    ScaleCheckKernel<S, D><<<grid, kCheckThreads, 0, stream>>>(p, count);                        \
+    return cudaGetLastError();                                                                   \
   }
 #endif
 
