@@ -6,8 +6,10 @@
 #   scripts/gpu_check.sh --prepare     # here, online, before: fills .cache/gpu_check (below)
 #
 # Steps, each under `timeout` (its cap in seconds, or less when the budget runs out), in the
-# order 0, 1b (started), 1a, 2a, 4, 2b if 1b still builds, 1b (waited for), 2c, 3, else 2b:
+# order 0, 0b, 1b (started), 1a, 2a, 4, 2b if 1b still builds, 1b (waited for), 2c, 3, else 2b:
 #   0   machine     nvidia-smi, torch, nvcc                                                 ~5
+#   0b  throw       whether distutils' C++ compiler builds libraries that can throw inside
+#                   this Python (else /usr/bin/g++, when it can, builds 1a and 1b)           ~2
 #   1a  _C          setup.py build_ext --inplace, the CUDA kernels for this GPU only       240
 #   1b  fork        the CUDA worker: BYTEPS_THC_CPU_ONLY=0 scripts/build_byteps.sh --target
 #                   (system python3 and its CUDA torch, the carried sdist, NCCL from torch's
@@ -71,7 +73,8 @@ fi
 OUT=${1:?usage: scripts/gpu_check.sh OUTDIR | --prepare}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
-PY=${PYTHON:-python3}
+# an absolute path: build_byteps.sh takes PY as a file
+PY=$(command -v "${PYTHON:-python3}" || echo "${PYTHON:-python3}")
 WORK=${GPU_CHECK_WORK:-/tmp/gpu_check_work}
 rm -rf "$WORK" && mkdir -p "$WORK"
 FORK="$WORK/fork-cuda"
@@ -188,6 +191,44 @@ if [ "$TORCH_CUDA" != 1 ]; then
   done
 else
 
+step "0b C++ exceptions: which compiler builds libraries that $PY can throw in"
+# On the lent machine's image (2026-12-04) every C++ exception that _C threw killed the process
+# (SIGSEGV in the throw, on every ISA), in the extension that CXX=/opt/gcc/bin/g++ built; the
+# same throw under AddressSanitizer, with the system's libstdc++ preloaded, was caught. A
+# library of one throw, built as distutils builds the extension, tells before anything is built
+# whether the default compiler has this trouble; when it has and the system's does not, both
+# builds (1a, 1b) take the system's.
+cat > "$WORK/throw.cc" <<'CCEOF'
+#include <stdexcept>
+#include <string>
+extern "C" __attribute__((visibility("default"))) int thc_throw_check() {
+  try {
+    throw std::invalid_argument(std::string("a throw caught in the same library"));
+  } catch (const std::exception&) {
+    return 1;
+  }
+  return 0;
+}
+CCEOF
+throw_ok() {  # throw_ok CXX NAME: a library that CXX built throws and catches inside $PY
+  "$1" -O2 -fPIC -fvisibility=hidden -shared -Wl,-O1 -Wl,-Bsymbolic-functions \
+      "$WORK/throw.cc" -o "$WORK/throw_$2.so" || return 1
+  "$PY" -c "import ctypes, sys; sys.exit(ctypes.CDLL('$WORK/throw_$2.so').thc_throw_check() != 1)"
+}
+DEFAULT_CXX=$("$PY" -c 'import os, sysconfig; print((os.environ.get("CXX") or sysconfig.get_config_var("CXX") or "c++").split()[0])')
+echo "CC=${CC:-} CXX=${CXX:-} (distutils' C++ compiler: $DEFAULT_CXX, $("$DEFAULT_CXX" --version 2>&1 | head -n 1))"
+echo "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"
+if throw_ok "$DEFAULT_CXX" default; then
+  echo "a throw in a library that $DEFAULT_CXX built is caught"
+else
+  echo "a throw in a library that $DEFAULT_CXX built is NOT caught (rc $?)"
+  if [ -x /usr/bin/g++ ] && [ "$(readlink -f "$DEFAULT_CXX")" != "$(readlink -f /usr/bin/g++)" ] &&
+     throw_ok /usr/bin/g++ system; then
+    export CC=/usr/bin/gcc CXX=/usr/bin/g++
+    echo "/usr/bin/g++ ($(/usr/bin/g++ --version | head -n 1)) builds it right: CC=$CC CXX=$CXX for 1a and 1b"
+  fi
+fi
+
 step "1b fork: what the CUDA worker needs"
 NCCL_FROM="" FORK_PID=""
 fork_needs
@@ -207,6 +248,17 @@ fi
 step "1a _C: setup.py build_ext --inplace -j 16"
 rm -rf build/temp.* byteps_thc/_C*.so
 run_step build_ext 240 "$PY" setup.py -q build_ext --inplace -j 16
+# the extension's own errors are C++ exceptions (0b): one of them, in a process of its own
+if "$PY" -c 'from byteps_thc import _C
+try:
+    _C.force_isa("sse9")
+except ValueError:
+    pass' > /dev/null 2>&1; then
+  THROW_WHY=""
+else
+  THROW_WHY="byteps_thc._C cannot throw a C++ exception in $PY (the process dies; step 0b)"
+  echo "$THROW_WHY"; ldd byteps_thc/_C*.so | grep -E 'stdc|gcc_s'
+fi
 # CUDA_WHY: empty when the kernels can run here, else why not (what it finds goes to the log)
 CUDA_WHY=$("$PY" - <<'PYEOF'
 import sys
@@ -238,7 +290,7 @@ step "4 benchmarks/bench_cuda.py"
 BENCH_BESIDE_BUILD=0
 [ -n "$FORK_PID" ] && kill -0 "$FORK_PID" 2> /dev/null && BENCH_BESIDE_BUILD=1
 if [ -z "$CUDA_WHY" ]; then
-  run_step bench 150 "$PY" benchmarks/bench_cuda.py --json "$OUT/bench.json"
+  PYTHONPATH="$ROOT" run_step bench 150 "$PY" benchmarks/bench_cuda.py --json "$OUT/bench.json"
 else
   record bench skipped "" 0 "$CUDA_WHY"
 fi
@@ -250,12 +302,12 @@ UNIT_DONE=0
 unit_tests() {
   step "2b the rest of tests/unit"
   UNIT_DONE=1
-  if [ -z "$CUDA_WHY" ]; then
+  if [ -z "$CUDA_WHY$THROW_WHY" ]; then
     run_step unit 150 "$PY" -m pytest -p no:cacheprovider -q -rfE tests/unit \
         --ignore=tests/unit/test_cuda.py --ignore=tests/unit/test_ddp_round.py \
         --ignore=tests/unit/test_cuda_worker_build.py --junitxml="$OUT/junit_unit.xml"
   else
-    record unit skipped "" 0 "$CUDA_WHY"
+    record unit skipped "" 0 "${CUDA_WHY:-$THROW_WHY}"
   fi
 }
 [ -n "$FORK_PID" ] && kill -0 "$FORK_PID" 2> /dev/null && unit_tests
