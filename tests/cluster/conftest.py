@@ -24,6 +24,12 @@ _fork_dir = os.environ.get("BYTEPS_THC_FORK_DIR", "")
 FORK_DIR = os.path.abspath(_fork_dir) if _fork_dir else ""  # another build of the fork (above)
 
 
+# Every process a cluster test starts inherits this: a worker or server that dies of a signal
+# (SIGSEGV, SIGABRT, ...) prints every thread's Python stack, so that a crash seen once in CI
+# says where it was.
+os.environ.setdefault("PYTHONFAULTHANDLER", "1")
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
