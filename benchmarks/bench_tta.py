@@ -20,9 +20,13 @@ Compressors
       randomk-K+ef, dithering-S, lhc-topk-F, lhc-cN
   DDP over gloo, no server (bench_ddp.py's hooks): ddp (plain all-reduce), ddp-fp16,
       ddp-powersgd (rank 4), ddp-thc (byteps_thc.ddp.thc_hook)
+  FSDP2 over gloo (fully_shard on every transformer block and the root): fsdp (float32
+      reduce-scatter), fsdp-bf16 (MixedPrecisionPolicy(reduce_dtype=bfloat16), the 16-bit
+      baseline), fsdp-thc (byteps_thc.fsdp.ThcReduceScatter, float32 error feedback),
+      fsdp-thc-ef-bf16 and fsdp-thc-ef-off (its other error-feedback modes)
 
 Each run is one record (--json: all of them, rewritten after every run):
-  compressor, system (byteps | ddp), workers, bandwidth_gbit, link_gbit_measured
+  compressor, system (byteps | ddp | fsdp), workers, bandwidth_gbit, link_gbit_measured
   steps, wall_s      training steps and their seconds on rank 0, the evaluations excluded
   step_s             the median step; first_step_s (BytePS declares its tensors then)
   bytes_per_step     every worker's eth0, sent + received, over the training steps, per step
@@ -30,9 +34,9 @@ Each run is one record (--json: all of them, rewritten after every run):
                      server's link carried)
   curve              [[wall_s, step, val_loss], ...]: held-out loss (nats per byte)
   final_val_loss, target_val_loss, time_to_target_s, steps_to_target
-                     the target is the fp32 run's (none, else ddp) final held-out loss + 1% at
-                     the same workers and bandwidth, or --target; the time is the wall_s of the
-                     first evaluation at or below it (null: never reached)
+                     the target is the fp32 run's (none, else ddp, else fsdp) final held-out
+                     loss + 1% at the same workers and bandwidth, or --target; the time is the
+                     wall_s of the first evaluation at or below it (null: never reached)
   loadavg            the 1-minute load average before and after the run
   invocation         when this invocation started: targets and plots compare runs of one only
 
@@ -61,9 +65,20 @@ from harness.netem import EmulatedNetwork, available, measure_tcp, parse_rates
 TAG = "TTA_RESULT "
 DDP_PORT = 29500
 DDP_ROWS = {"ddp": "plain", "ddp-fp16": "fp16", "ddp-powersgd": "powersgd", "ddp-thc": "thc"}
-FP32_ROWS = ("none", "ddp")       # the target's source, in order of preference
+
+
+@dataclasses.dataclass(frozen=True)
+class FsdpRow:
+    reduce_dtype: str               # MixedPrecisionPolicy's reduce_dtype
+    error_feedback: Optional[str]   # ThcReduceScatter's mode; None: FSDP's own reduce-scatter
+
+
+FSDP_ROWS = {"fsdp": FsdpRow("float32", None), "fsdp-bf16": FsdpRow("bfloat16", None),
+             "fsdp-thc": FsdpRow("float32", "fp32"), "fsdp-thc-ef-bf16": FsdpRow("float32", "bf16"),
+             "fsdp-thc-ef-off": FsdpRow("float32", "off")}
+FP32_ROWS = ("none", "ddp", "fsdp")  # the target's source, in order of preference
 DEFAULT_COMPRESSORS = ("none,fp16,thc,thc-n,onebit+ef,topk-0.01+ef,dithering-8,lhc-topk-0.01,"
-                       "ddp,ddp-fp16,ddp-powersgd,ddp-thc")
+                       "ddp,ddp-fp16,ddp-powersgd,ddp-thc,fsdp,fsdp-bf16,fsdp-thc")
 
 
 def log(msg: str) -> None:
@@ -74,20 +89,22 @@ def log(msg: str) -> None:
 # Rows
 # ------------------------------------------------------------------------------------------------
 def parse_rows(text: str, workers: int) -> List[Tuple[str, object]]:
-    """[(label, spec)]: spec a wire.CompressorSpec (BytePS) or a bench_ddp hook name (DDP).
+    """[(label, spec)]: spec a wire.CompressorSpec (BytePS), a bench_ddp hook name (DDP) or an
+    FsdpRow.
     ValueError naming the bad entry for an unknown one; the fp32 rows first (the target)."""
     rows = []
     for name in (t.strip() for t in text.split(",")):
         if not name:
             continue
-        if name in DDP_ROWS:
-            rows.append((name, DDP_ROWS[name]))
+        if name in DDP_ROWS or name in FSDP_ROWS:
+            rows.append((name, DDP_ROWS.get(name) or FSDP_ROWS[name]))
             continue
         try:
             spec = wire.parse_spec(name, workers)
         except ValueError as e:
             raise ValueError(f"compressor {name!r}: {e}; the DDP rows are "
-                             f"{', '.join(DDP_ROWS)}") from None
+                             f"{', '.join(DDP_ROWS)}, the FSDP rows {', '.join(FSDP_ROWS)}"
+                             ) from None
         rows.append((spec.label, spec))
     labels = [r[0] for r in rows]
     dup = sorted({x for x in labels if labels.count(x) > 1})
@@ -175,12 +192,42 @@ def worker_ddp(a) -> int:
     return 0
 
 
-def _worker_argv(a, system: str, hook: Optional[str] = None) -> List[str]:
+def worker_fsdp(a) -> int:
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    cfg, corpus, data, model = _task(a, rank)
+    policy = MixedPrecisionPolicy(reduce_dtype=getattr(torch, a.reduce_dtype))
+    # each block its own param group, then the root (embeddings, final norm, head)
+    for key, module in enumerate(list(model.blocks) + [model]):
+        fully_shard(module, mp_policy=policy)
+        if a.fsdp_ef:
+            from byteps_thc.fsdp import ThcReduceScatter
+            module.set_custom_reduce_scatter(ThcReduceScatter(error_feedback=a.fsdp_ef, key=key))
+    opt = _optimizer(a, model.parameters())
+    b0 = _eth0_bytes()
+    res = stdlib_lm.train(model, model, opt, data, a.steps, a.eval_every, _progress(rank))
+    total = torch.tensor([float(_eth0_bytes() - b0)], dtype=torch.float64)
+    dist.all_reduce(total)      # every rank's bytes, as the other rows count them
+    rec = _result(rank, cfg, corpus, model, res, int(total.item()))
+    if rank == 0:
+        print(TAG + json.dumps(rec), flush=True)
+    dist.destroy_process_group()
+    return 0
+
+
+def _worker_argv(a, system: str, hook: Optional[str] = None,
+                 fsdp: Optional[FsdpRow] = None) -> List[str]:
     argv = [sys.executable, os.path.abspath(__file__), "--worker", system,
             "--steps", str(a.steps), "--eval-every", str(a.eval_every),
             "--eval-windows", str(a.eval_windows), "--batch", str(a.batch),
             "--lr", repr(a.lr), "--seed", str(a.seed), "--dim", str(a.dim),
             "--layers", str(a.layers), "--heads", str(a.heads), "--seq", str(a.seq)]
+    if fsdp:
+        argv += ["--reduce-dtype", fsdp.reduce_dtype]
+        argv += ["--fsdp-ef", fsdp.error_feedback] if fsdp.error_feedback else []
     return argv + (["--hook", hook] if hook else [])
 
 
@@ -232,11 +279,17 @@ def run_byteps(net, a, label, spec, bw, link, logdir) -> dict:
     return _finish(rec, rank0 if res["status"] == "ok" else None, total)
 
 
-def run_ddp(net, a, label, hook, bw, link) -> dict:
+def run_ddp(net, a, label, spec, bw, link) -> dict:
+    """A DDP row (spec: the hook's name) or an FSDP one (an FsdpRow): gloo ranks, no server."""
     t0, load0 = time.time(), os.getloadavg()[0]
-    got = gloo_ranks.run_ranks(net, a.workers, _worker_argv(a, "ddp", hook), DDP_PORT, TAG,
-                               a.run_timeout, {}, "bench_tta")
-    rec = _record(a, label, "ddp", bw, link, load0, t0)
+    system = "fsdp" if isinstance(spec, FsdpRow) else "ddp"
+    argv = (_worker_argv(a, system, fsdp=spec) if system == "fsdp"
+            else _worker_argv(a, system, spec))
+    got = gloo_ranks.run_ranks(net, a.workers, argv, DDP_PORT, TAG, a.run_timeout, {},
+                               "bench_tta")
+    rec = _record(a, label, system, bw, link, load0, t0)
+    if isinstance(spec, FsdpRow):
+        rec["fsdp"] = dataclasses.asdict(spec)
     if "curve" not in got:
         rec.update(status="failed" if got["status"] == "ok" else got["status"],
                    error=got.get("error", ""), log_tail=got.get("log_tail"))
@@ -313,7 +366,7 @@ def plot(records: List[dict], outdir: str) -> List[str]:
         fig, axes = plt.subplots(1, 2, figsize=(10, 4), dpi=80)
         for r in rs:
             # THC's lines solid, DDP's dash-dotted; one colour per compressor in every figure
-            style = "-" if "thc" in r["compressor"] else "-." if r["system"] == "ddp" else "--"
+            style = "-" if "thc" in r["compressor"] else "-." if r["system"] != "byteps" else "--"
             kw = dict(color=colors[r["compressor"]], lw=2.0 if "thc" in r["compressor"] else 1.2)
             wall = [p[0] for p in r["curve"]]
             mb = [p[1] * r["bytes_per_step"] / 1e6 for p in r["curve"]]
@@ -374,7 +427,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     add_matrix_arguments(ap, subnet="198.18.1.0/24")
     ap.add_argument("--from-json", metavar="PATHS",
                     help="run nothing: the table and --plot of these records (comma-separated)")
-    ap.add_argument("--worker", choices=("byteps", "ddp"), help=argparse.SUPPRESS)
+    ap.add_argument("--worker", choices=("byteps", "ddp", "fsdp"), help=argparse.SUPPRESS)
+    ap.add_argument("--reduce-dtype", default="float32", help=argparse.SUPPRESS)
+    ap.add_argument("--fsdp-ef", choices=("fp32", "bf16", "off"), help=argparse.SUPPRESS)
     ap.add_argument("--hook", choices=bench_ddp.DDP_HOOKS, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     for name in ("workers", "steps", "eval_every", "eval_windows", "batch"):
@@ -400,6 +455,8 @@ def main(argv=None) -> int:
         return worker_byteps(a)
     if a.worker == "ddp":
         return worker_ddp(a)
+    if a.worker == "fsdp":
+        return worker_fsdp(a)
     if a.from_json:
         records = load_records(a.from_json)
         apply_targets(records, a.target)
@@ -412,7 +469,7 @@ def main(argv=None) -> int:
         print(f"bench_tta: {e}", file=sys.stderr)
         return 2
     why = available()
-    if why is None and any(not isinstance(s, str) for _, s in rows):
+    if why is None and any(isinstance(s, wire.CompressorSpec) for _, s in rows):
         why = fork_missing()
     if why:
         print(f"bench_tta: cannot run: {why}", file=sys.stderr)
@@ -432,7 +489,7 @@ def main(argv=None) -> int:
                     continue
                 log(f"{label} at {bw:g} Gbit/s, {a.workers} workers, {a.steps} steps "
                     f"(load {os.getloadavg()[0]:.1f})")
-                if isinstance(spec, str):
+                if not isinstance(spec, wire.CompressorSpec):
                     rec = run_ddp(net, a, label, spec, bw, link)
                 else:
                     rec = run_byteps(net, a, label, spec, bw, link, logdir)

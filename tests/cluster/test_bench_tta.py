@@ -1,5 +1,6 @@
 """Smoke run of the time-to-accuracy benchmark (benchmarks/bench_tta.py): real training of a small
-stdlib language model through three BytePS compressors on emulated 1 Gbit/s links.
+stdlib language model through three BytePS compressors and FSDP2 with THC's reduce-scatter on
+emulated 1 Gbit/s links.
 
 Needs root and iproute2 (network namespaces, tc) and the BytePS fork; skipped, saying why, where
 they are missing. What it checks comes from outside the code under test: the model's parameter
@@ -33,23 +34,25 @@ def _params():
 
 @pytest.mark.needs_root("ip", "tc")
 @pytest.mark.needs_fork
-def test_bench_tta_smoke_three_compressors(tmp_path):
+def test_bench_tta_smoke_three_compressors_and_fsdp(tmp_path):
     out = tmp_path / "tta.json"
     argv = [sys.executable, BENCH, "--workers", "2", "--bandwidths", "1",
-            "--compressors", "thc,fp16,none", "--steps", str(STEPS), "--eval-every", str(EVERY),
+            "--compressors", "thc,fp16,none,fsdp-thc", "--steps", str(STEPS),
+            "--eval-every", str(EVERY),
             "--eval-windows", "8", "--dim", str(DIM), "--layers", str(LAYERS), "--heads",
             str(HEADS), "--seq", str(SEQ), "--run-timeout", "50", "--json", str(out),
             "--plot", str(tmp_path / "img"), "--logdir", str(tmp_path / "logs")]
     t0 = time.monotonic()
-    # past 150 s: SIGTERM, on which the script removes its namespaces
-    run = supervised.run(argv, cwd=ROOT, timeout=150, kill_timeout=20, name="bench_tta")
+    # past 180 s: SIGTERM, on which the script removes its namespaces
+    run = supervised.run(argv, cwd=ROOT, timeout=180, kill_timeout=20, name="bench_tta")
     text = run.output
-    assert not run.timed_out, "smoke run took over 150 s:\n" + text[-3000:]
+    assert not run.timed_out, "smoke run took over 180 s:\n" + text[-3000:]
     assert run.code == 0, text[-3000:]
     took = time.monotonic() - t0
     records = json.loads(out.read_text())
     by = {r["compressor"]: r for r in records}
-    assert sorted(by) == ["fp16", "none", "thc"], text[-3000:]
+    assert sorted(by) == ["fp16", "fsdp-thc", "none", "thc"], text[-3000:]
+    assert by["fsdp-thc"]["system"] == "fsdp" and by["thc"]["system"] == "byteps"
     assert records[0]["compressor"] == "none"        # the target's run comes first
     for r in records:
         assert r["status"] == "ok", (r["compressor"], r.get("error"))

@@ -105,6 +105,11 @@ def test_rows_put_fp32_first_and_refuse_unknown_names():
     assert [r[0] for r in rows][0] == "none"
     assert {r[0] for r in rows} == {"none", "fp16", "thc", "ddp-thc", "topk-0.01+ef"}
     assert dict(rows)["ddp-thc"] == "thc"
+    rows = dict(bench_tta.parse_rows("fsdp-thc-ef-off,fsdp-bf16,fsdp", 2))
+    assert list(rows)[0] == "fsdp"  # the fp32 row without a BytePS or DDP one: the target's
+    assert (rows["fsdp-bf16"].reduce_dtype, rows["fsdp-bf16"].error_feedback) == ("bfloat16", None)
+    assert (rows["fsdp-thc-ef-off"].reduce_dtype, rows["fsdp-thc-ef-off"].error_feedback) == \
+        ("float32", "off")
     with pytest.raises(ValueError, match="'zstd'"):
         bench_tta.parse_rows("none,zstd", 2)
     with pytest.raises(ValueError, match="named twice: thc"):
