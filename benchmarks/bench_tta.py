@@ -54,7 +54,7 @@ import statistics
 import sys
 import tempfile
 import time
-from typing import List, Optional, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 from benchmarks import bench_ddp, bench_network, gloo_ranks, stdlib_lm
 from benchmarks.runs import Matrix, add_matrix_arguments, failure, load_records, parser
@@ -71,6 +71,11 @@ DDP_ROWS = {"ddp": "plain", "ddp-fp16": "fp16", "ddp-powersgd": "powersgd", "ddp
 class FsdpRow:
     reduce_dtype: str               # MixedPrecisionPolicy's reduce_dtype
     error_feedback: Optional[str]   # ThcReduceScatter's mode; None: FSDP's own reduce-scatter
+
+    def argv(self) -> List[str]:
+        """The worker's flags for this row."""
+        return ["--reduce-dtype", self.reduce_dtype] + (
+            ["--fsdp-ef", self.error_feedback] if self.error_feedback else [])
 
 
 FSDP_ROWS = {"fsdp": FsdpRow("float32", None), "fsdp-bf16": FsdpRow("bfloat16", None),
@@ -172,7 +177,6 @@ def worker_byteps(a) -> int:
 
 
 def worker_ddp(a) -> int:
-    import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
     dist.init_process_group("gloo")
@@ -180,9 +184,16 @@ def worker_ddp(a) -> int:
     cfg, corpus, data, model = _task(a, rank)
     ddp = DDP(model, bucket_cap_mb=25)
     bench_ddp.register_hook(ddp, a.hook)
+    return _train_gloo(a, rank, cfg, corpus, data, model, ddp)
+
+
+def _train_gloo(a, rank, cfg, corpus, data, model, step_model) -> int:
+    """The training and the record of a DDP or FSDP rank."""
+    import torch
+    import torch.distributed as dist
     opt = _optimizer(a, model.parameters())
     b0 = _eth0_bytes()
-    res = stdlib_lm.train(ddp, model, opt, data, a.steps, a.eval_every, _progress(rank))
+    res = stdlib_lm.train(step_model, model, opt, data, a.steps, a.eval_every, _progress(rank))
     total = torch.tensor([float(_eth0_bytes() - b0)], dtype=torch.float64)
     dist.all_reduce(total)      # every rank's bytes, as BytePS's records sum every worker's
     rec = _result(rank, cfg, corpus, model, res, int(total.item()))
@@ -196,6 +207,8 @@ def worker_fsdp(a) -> int:
     import torch
     import torch.distributed as dist
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    from byteps_thc.fsdp import ThcReduceScatter
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     cfg, corpus, data, model = _task(a, rank)
@@ -204,31 +217,17 @@ def worker_fsdp(a) -> int:
     for key, module in enumerate(list(model.blocks) + [model]):
         fully_shard(module, mp_policy=policy)
         if a.fsdp_ef:
-            from byteps_thc.fsdp import ThcReduceScatter
             module.set_custom_reduce_scatter(ThcReduceScatter(error_feedback=a.fsdp_ef, key=key))
-    opt = _optimizer(a, model.parameters())
-    b0 = _eth0_bytes()
-    res = stdlib_lm.train(model, model, opt, data, a.steps, a.eval_every, _progress(rank))
-    total = torch.tensor([float(_eth0_bytes() - b0)], dtype=torch.float64)
-    dist.all_reduce(total)      # every rank's bytes, as the other rows count them
-    rec = _result(rank, cfg, corpus, model, res, int(total.item()))
-    if rank == 0:
-        print(TAG + json.dumps(rec), flush=True)
-    dist.destroy_process_group()
-    return 0
+    return _train_gloo(a, rank, cfg, corpus, data, model, model)
 
 
-def _worker_argv(a, system: str, hook: Optional[str] = None,
-                 fsdp: Optional[FsdpRow] = None) -> List[str]:
+def _worker_argv(a, system: str, extra: Sequence[str] = ()) -> List[str]:
     argv = [sys.executable, os.path.abspath(__file__), "--worker", system,
             "--steps", str(a.steps), "--eval-every", str(a.eval_every),
             "--eval-windows", str(a.eval_windows), "--batch", str(a.batch),
             "--lr", repr(a.lr), "--seed", str(a.seed), "--dim", str(a.dim),
             "--layers", str(a.layers), "--heads", str(a.heads), "--seq", str(a.seq)]
-    if fsdp:
-        argv += ["--reduce-dtype", fsdp.reduce_dtype]
-        argv += ["--fsdp-ef", fsdp.error_feedback] if fsdp.error_feedback else []
-    return argv + (["--hook", hook] if hook else [])
+    return argv + list(extra)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -279,16 +278,16 @@ def run_byteps(net, a, label, spec, bw, link, logdir) -> dict:
     return _finish(rec, rank0 if res["status"] == "ok" else None, total)
 
 
-def run_ddp(net, a, label, spec, bw, link) -> dict:
+def run_gloo(net, a, label, spec, bw, link) -> dict:
     """A DDP row (spec: the hook's name) or an FSDP one (an FsdpRow): gloo ranks, no server."""
     t0, load0 = time.time(), os.getloadavg()[0]
-    system = "fsdp" if isinstance(spec, FsdpRow) else "ddp"
-    argv = (_worker_argv(a, system, fsdp=spec) if system == "fsdp"
-            else _worker_argv(a, system, spec))
+    fsdp = isinstance(spec, FsdpRow)
+    system = "fsdp" if fsdp else "ddp"
+    argv = _worker_argv(a, system, spec.argv() if fsdp else ["--hook", spec])
     got = gloo_ranks.run_ranks(net, a.workers, argv, DDP_PORT, TAG, a.run_timeout, {},
                                "bench_tta")
     rec = _record(a, label, system, bw, link, load0, t0)
-    if isinstance(spec, FsdpRow):
+    if fsdp:
         rec["fsdp"] = dataclasses.asdict(spec)
     if "curve" not in got:
         rec.update(status="failed" if got["status"] == "ok" else got["status"],
@@ -490,7 +489,7 @@ def main(argv=None) -> int:
                 log(f"{label} at {bw:g} Gbit/s, {a.workers} workers, {a.steps} steps "
                     f"(load {os.getloadavg()[0]:.1f})")
                 if not isinstance(spec, wire.CompressorSpec):
-                    rec = run_ddp(net, a, label, spec, bw, link)
+                    rec = run_gloo(net, a, label, spec, bw, link)
                 else:
                     rec = run_byteps(net, a, label, spec, bw, link, logdir)
                 matrix.add(rec)
